@@ -1,0 +1,419 @@
+"""
+Transformer-XL (Dai et al., 2019, "Transformer-XL: Attentive Language Models Beyond a Fixed-Length Context",
+arXiv 1901.02860), in one file.
+
+Two ideas, both in the attention:
+  1. Segment-level recurrence (§3.2). The text is read one segment of `seg_len` tokens at a time. Every layer
+     keeps the input hidden states of the last `mem_len` positions it saw (its *memory*), with the gradient
+     stopped, and the current segment attends to [memory ; segment]:
+         h~_τ^{n-1} = [SG(m_τ^{n-1}) ∘ h_τ^{n-1}]
+         q_τ^n = h_τ^{n-1} W_q,   k_τ^n = h~_τ^{n-1} W_{k,E},   v_τ^n = h~_τ^{n-1} W_v
+  2. Relative positions (§3.3). Absolute positions would collide across segments, so the score between query i
+     and key j only sees the distance i - j, through a fixed sinusoid R_{i-j}:
+         A^rel_{i,j} = q_i·k_j  (a)  +  q_i·W_{k,R} R_{i-j}  (b)  +  u·k_j  (c)  +  v·W_{k,R} R_{i-j}  (d)
+                     = (q_i + u)·k_j  +  (q_i + v)·W_{k,R} R_{i-j}
+     u is `r_w_bias`, v is `r_r_bias`. (b)+(d) is computed for all distances at once and moved into place with
+     the "rel-shift" trick (see `rel_shift`).
+
+Reading order: Config → Memory → small blocks (copied between model files on purpose) → relative attention →
+block → model (init, forward, memory update, generate).
+
+Deliberate deviations from the paper's code (also listed in the README):
+  - GPT-2 BPE tokens with a full tied softmax instead of word-level adaptive input/softmax; no output bias.
+  - pre-LN (`pre_lnorm=True`) adds a final LayerNorm before the output layer, as pre-LN models need.
+  - The memory is a fixed-shape buffer (mem_len slots, right-aligned) plus a count of valid slots per row, so a
+    fresh stream is masked instead of being a shorter tensor; with a full memory the result is identical.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    # Defaults: the paper's WikiText-103 base model (16 layers, d 410, 10 heads of 41, d_inner 2100, seg=mem=150).
+    vocab_size: int = 50304   # GPT-2's 50257 padded to a multiple of 64
+    n_layer: int = 16
+    n_head: int = 10
+    n_embd: int = 410         # d_model
+    d_head: int = 41          # per-head width; n_head * d_head need not equal n_embd
+    d_inner: int = 2100       # position-wise feed-forward width
+    dropout: float = 0.1      # on embeddings, attention output, feed-forward, final hidden states
+    dropatt: float = 0.0      # on attention probabilities
+    seg_len: int = 150        # tokens per segment (the paper's tgt_len)
+    mem_len: int = 150        # memory positions kept per layer; 0 = the no-memory baseline
+    clamp_len: int = 0        # relative distances above this share one embedding; 0 = no clamp
+    same_length: bool = False  # every query attends to the same number (mem_len) of keys
+    pre_lnorm: bool = False   # False: post-LN as in the paper; True: pre-LN (+ final LayerNorm)
+    untie_r: bool = True      # True: u, v (r_w_bias, r_r_bias) per layer; False: one pair shared by all layers
+    init_std: float = 0.02    # normal init of weights, as the paper's code
+    use_sdpa: bool = True     # F.scaled_dot_product_attention with the positional term as a bias; False: manual
+
+    def __post_init__(self):
+        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ('mem_len', 'clamp_len'):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ('dropout', 'dropatt'):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.n_embd % 2:
+            raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+
+
+@dataclass
+class Memory:
+    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once."""
+    mem: torch.Tensor     # (n_layer, B, mem_len, n_embd) each layer's input hidden states, oldest first
+    length: torch.Tensor  # (B,) int64, how many of the mem_len slots (the most recent ones) are valid
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Small blocks. These are shared by design with the other model files, which copy them verbatim.
+
+# Copied from model_xl.py (PositionwiseFF)
+class PositionwiseFF(nn.Module):
+    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
+
+    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(n_embd)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, x):
+        if self.pre_lnorm:
+            return x + self.net(self.layer_norm(x))
+        return self.layer_norm(x + self.net(x))
+
+
+# Copied from model_xl.py (ScaledEmbedding)
+class ScaledEmbedding(nn.Module):
+    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
+    Its weight is tied to the output layer."""
+
+    def __init__(self, vocab_size, n_embd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
+        self.scale = n_embd ** 0.5
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight) * self.scale
+
+
+# Copied from model_xl.py (PositionalEmbedding)
+class PositionalEmbedding(nn.Module):
+    """The fixed sinusoid R of §3.3 (Vaswani et al.'s, without learnable parameters), evaluated at any positions."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, n_embd, 2.0) / n_embd))
+        self.register_buffer('inv_freq', inv_freq, persistent=False)
+
+    def forward(self, pos_seq):                                   # pos_seq: (K,) float
+        sinusoid = torch.outer(pos_seq, self.inv_freq)            # (K, n_embd/2)
+        return torch.cat([sinusoid.sin(), sinusoid.cos()], -1)    # (K, n_embd)
+
+
+# Copied from model_xl.py (sample_next)
+def sample_next(logits, temperature=1.0, top_k=None):
+    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
+    if temperature == 0.0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
+    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Relative attention
+
+
+def rel_shift(x):
+    """The rel-shift trick of the Transformer-XL code (its appendix B computes the same thing).
+
+    In: x[..., i, c] = score of query i with the relative embedding of distance K-1-c (columns in the order of
+    R_{K-1}, ..., R_0). Out: y[..., i, j] = score of query i with distance (K-T+i) - j, i.e. the distance between
+    query i (which sits at position K-T+i of the K keys) and key j. Pad one zero column on the left, view the
+    (T, K+1) block as (K+1, T), drop the first row, view back as (T, K). Entries with j > K-T+i (keys in the
+    query's future) come out as garbage and must be masked, as they always are.
+    """
+    B, H, T, K = x.shape
+    x_padded = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1)    # (B, H, T, K+1)
+    x_padded = x_padded.view(B, H, K + 1, T)
+    return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
+
+
+class RelMultiHeadAttn(nn.Module):
+    """Multi-head attention with Transformer-XL relative positions (§3.3), its residual and LayerNorm."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.q_net = nn.Linear(C, H * D, bias=False)         # W_q
+        self.kv_net = nn.Linear(C, 2 * H * D, bias=False)    # W_{k,E} and W_v
+        self.r_net = nn.Linear(C, H * D, bias=False)         # W_{k,R}: the relative embeddings' own key projection
+        self.o_net = nn.Linear(H * D, C, bias=False)
+        self.layer_norm = nn.LayerNorm(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = nn.Dropout(config.dropatt)
+        self.dropatt_p = config.dropatt
+        self.scale = 1.0 / math.sqrt(D)
+        self.pre_lnorm = config.pre_lnorm
+        self.use_sdpa = config.use_sdpa
+
+    def keys_values(self, h):
+        """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
+        position alone (positions enter only through R), so the memory's can be computed once and cached."""
+        B, S, _ = h.shape
+        if self.pre_lnorm:
+            h = self.layer_norm(h)
+        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
+        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
+        return k, v
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
+        """
+        h:        (B, T, C)     this segment's layer input
+        mem_kv:   (k, v), each (B, H, S, D): keys and values of the S earlier positions (the memory, §3.2)
+        r:        (K, C)        sinusoid R for distances K-1, ..., 0 (K = S + T)
+        r_w_bias, r_r_bias: (H, D)  u and v
+        attn_mask: (B, 1, T, K) bool, True where query i may attend key j
+        returns the layer's output (B, T, C) and the keys and values of all K positions
+        """
+        B, T, C = h.shape
+        H, D = self.n_head, self.d_head
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        q = self.q_net(x).view(B, T, H, D).transpose(1, 2)       # (B, H, T, D)
+        k_new, v_new = self.keys_values(h)
+        k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)   [SG(m) ∘ h] W_{k,E}
+        v = torch.cat([mem_kv[1], v_new], dim=2)                  # (B, H, K, D)
+        K = k.size(2)
+        r_k = self.r_net(r).view(K, H, D).transpose(0, 1)        # (H, K, D)      W_{k,R} R
+
+        # terms (b) + (d): (q_i + v) · W_{k,R} R_{i-j}, computed for every distance then rel-shifted into place
+        BD = torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k)   # (B, H, T, K), column c = distance K-1-c
+        BD = rel_shift(BD)                                                # (B, H, T, K), column j = key j
+        q_u = q + r_w_bias[:, None]                                       # terms (a) + (c): (q_i + u) · k_j
+
+        if self.use_sdpa:
+            # SDPA computes softmax(q_u k^T * scale + bias); the positional terms ride in the additive bias.
+            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
+            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
+                                                      dropout_p=self.dropatt_p if self.training else 0.0)
+        else:
+            AC = torch.einsum('bhid,bhjd->bhij', q_u, k)                  # (B, H, T, K)
+            score = (AC + BD) * self.scale                                # A^rel / sqrt(d)
+            score = score.masked_fill(~attn_mask, float('-inf'))
+            prob = self.dropatt(F.softmax(score.float(), dim=-1).to(v.dtype))
+            attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
+
+        attn_out = self.drop(self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)
+        out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
+        return out, (k, v)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = RelMultiHeadAttn(config)
+        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
+        h, kv = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask)
+        return self.ff(h), kv
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.word_emb = ScaledEmbedding(config.vocab_size, C)
+        self.pos_emb = PositionalEmbedding(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        n_bias = config.n_layer if config.untie_r else 1
+        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
+        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
+        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
+        # the output layer is the embedding matrix (tied), see forward
+        self.apply(self._init_weights)
+        nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
+        nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
+
+    def _init_weights(self, module):
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaledEmbedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, std)
+            nn.init.zeros_(module.bias)
+
+    # --- memory -------------------------------------------------------------------------------------------
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (a longer one at eval)."""
+        c = self.config
+        M = c.mem_len if mem_len is None else mem_len
+        return Memory(mem=torch.zeros(c.n_layer, batch_size, M, c.n_embd, device=device),
+                      length=torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def reset_memory(self, memory, mask):
+        """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
+        keep = ~mask
+        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype),
+                      length=memory.length * keep)
+
+    def _update_memory(self, memory, hids):
+        """§3.2: the new memory is the last mem_len positions of [old memory ; this segment's layer inputs],
+        with the gradient stopped (SG). hids: n_layer tensors (B, T, C)."""
+        M = memory.mem.size(2)
+        T = hids[0].size(1)
+        cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (L, B, M+T, C)
+        return Memory(mem=cat[:, :, T:].detach(),                                   # (L, B, M, C)
+                      length=(memory.length + T).clamp(max=M))
+
+    # --- attention geometry, shared by forward and generate ------------------------------------------------
+
+    def _relative_positions(self, K, device):
+        """R for the distances K-1, ..., 0 (clamped at clamp_len), with dropout as in the paper's code."""
+        pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
+        if self.config.clamp_len > 0:
+            pos_seq = pos_seq.clamp(max=self.config.clamp_len)
+        return self.drop(self.pos_emb(pos_seq))                  # (K, C)
+
+    def _attn_mask(self, key_valid, T, mem_len):
+        """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
+        Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
+        same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
+        K = key_valid.size(1)
+        S = K - T
+        i = torch.arange(T, device=key_valid.device)[:, None]
+        j = torch.arange(K, device=key_valid.device)[None, :]
+        distance = S + i - j                                      # (T, K)
+        allowed = distance >= 0                                   # causal
+        if self.config.same_length:
+            allowed = allowed & (distance < max(mem_len, 1))
+        return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
+
+    def _u_v(self, i):
+        n = i if self.config.untie_r else 0
+        return self.r_w_bias[n], self.r_r_bias[n]
+
+    # --- forward ------------------------------------------------------------------------------------------
+
+    def forward(self, idx, memory, targets=None):
+        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux)."""
+        B, T = idx.shape
+        if T > self.config.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
+        M = memory.mem.size(2)
+        K = M + T
+        mem_valid = torch.arange(M, device=idx.device)[None, :] >= (M - memory.length)[:, None]    # (B, M)
+        key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1)                          # (B, K)
+        attn_mask = self._attn_mask(key_valid, T, M)              # (B, 1, T, K)
+        r = self._relative_positions(K, idx.device)               # (K, C)
+
+        h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^0
+        hids = []
+        for n, layer in enumerate(self.layers):
+            hids.append(h)                                        # layer n's input becomes its next memory
+            mem_kv = layer.attn.keys_values(memory.mem[n])        # (B, H, M, D) x2
+            h, _ = layer(h, mem_kv, r, *self._u_v(n), attn_mask)
+        h = self.drop(self.ln_f(h))
+        logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer
+
+        new_memory = self._update_memory(memory, hids)
+        loss, aux = None, {}
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            aux['lm_loss'] = loss.detach()
+        return logits, loss, new_memory, aux
+
+    # --- bookkeeping for train.py -------------------------------------------------------------------------
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, mem_len=None):
+        """Training FLOPs (forward + backward) per token, for MFU: 6 per weight use, plus the attention over
+        K = mem_len + seg_len keys ((a)+(c), (b)+(d) and the weighted sum of values: 3 products of H*D*K),
+        plus projecting the memory's keys/values and R once per segment."""
+        c = self.config
+        M = c.mem_len if mem_len is None else mem_len
+        T, K, HD = c.seg_len, M + c.seg_len, c.n_head * c.d_head
+        attention = 6 * 3 * c.n_layer * HD * K
+        per_segment = 6 * c.n_layer * (2 * M * c.n_embd * HD + K * c.n_embd * HD) / T
+        return 6 * self.num_params() + attention + per_segment
+
+    # --- generation ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
+        Keys and values are cached: each new token costs one position's work, and when a segment of seg_len
+        tokens is complete it becomes memory by dropping the oldest cached keys, exactly as forward() does.
+        callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+        c = self.config
+        B = idx.size(0)
+        if memory is None:
+            memory = self.init_memory(B, idx.device)
+        M = memory.mem.size(2)
+        cache = [layer.attn.keys_values(memory.mem[n]) for n, layer in enumerate(self.layers)]
+        key_valid = torch.arange(M, device=idx.device)[None, :] >= (M - memory.length)[:, None]    # (B, S)
+        seg_pos = 0                                                     # tokens of the open segment in the cache
+
+        def step(tokens):
+            nonlocal cache, key_valid, seg_pos
+            T = tokens.size(1)
+            key_valid = torch.cat([key_valid, key_valid.new_ones(B, T)], dim=1)
+            K = key_valid.size(1)
+            attn_mask = self._attn_mask(key_valid, T, M)
+            r = self._relative_positions(K, tokens.device)
+            h = self.drop(self.word_emb(tokens))
+            for n, layer in enumerate(self.layers):
+                h, cache[n] = layer(h, cache[n], r, *self._u_v(n), attn_mask)
+            seg_pos += T
+            if seg_pos == c.seg_len:                                    # segment complete: keep the last M
+                cache = [(k[:, :, K - M:], v[:, :, K - M:]) for k, v in cache]
+                key_valid = key_valid[:, K - M:]
+                seg_pos = 0
+            h = self.ln_f(h[:, -1])
+            return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position
+
+        if idx.size(1) == 0:
+            raise ValueError("generate needs at least one token in idx")
+        # the prompt, in pieces that never cross a segment boundary
+        for start in range(0, idx.size(1), c.seg_len):
+            logits = step(idx[:, start:start + c.seg_len])
+        for i in range(max_new_tokens):
+            idx_next = sample_next(logits, temperature, top_k)
+            idx = torch.cat([idx, idx_next], dim=1)
+            if callback is not None:
+                callback(idx_next)
+            if i + 1 < max_new_tokens:
+                logits = step(idx_next)
+        return idx
