@@ -1,0 +1,28 @@
+# nanomem: `make demo` on a fresh machine (no internet needed beyond the package index), `make test` for the suite.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: install install-test data demo test clean
+
+# torch: keep an installed one; otherwise the CPU wheel where there is no GPU (a plain `pip install torch`
+# pulls a multi-GB CUDA build), and the default CUDA build where nvidia-smi sees a GPU.
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || { \
+	  if nvidia-smi -L >/dev/null 2>&1; then $(PIP) torch; else $(PIP) torch==2.13.0; fi; }
+	@$(PIP) -r requirements.txt
+
+install-test: install
+	@$(PIP) -r requirements-test.txt
+
+data: install
+	$(PYTHON) data/gutenberg/prepare.py
+
+demo: data
+	$(PYTHON) train.py config/xl_demo.py
+	$(PYTHON) sample.py --out_dir=out-demo --start="ROMEO. " --max_new_tokens=200 --seed=1
+
+test: install-test
+	$(PYTHON) -m pytest -q tests
+
+clean:
+	rm -rf out-demo

@@ -1,0 +1,22 @@
+"""CPU demo (make demo): a small Transformer-XL on the offline Gutenberg corpus, a few minutes on 2 cores."""
+model = 'xl'
+dataset = 'gutenberg'
+out_dir = 'out-demo'
+n_layer = 4
+n_head = 4
+n_embd = 128
+d_head = 32
+d_inner = 512
+dropout = 0.1
+seg_len = 64
+mem_len = 64
+batch_size = 8
+learning_rate = 1e-3
+warmup_iters = 50
+max_iters = 600
+eval_interval = 300
+eval_tokens = 32768
+eval_batch_size = 8
+eval_mem_len = 128
+grad_clip = 0.25
+log_interval = 10

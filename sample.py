@@ -1,0 +1,140 @@
+"""
+Sample from a trained nanomem checkpoint (any model), with the prompt fed through the memory first.
+
+    python sample.py --out_dir=out-xl --start="The old house on the hill"
+    python sample.py --out_dir=out-xl --start=FILE:book.txt --max_new_tokens=500   # a whole book as context
+
+A long prompt is read segment by segment (seg_len tokens at a time), exactly as in training, so it lands in the
+model's memory; generation then continues from the last partial segment. Text streams to stdout as it is made.
+"""
+
+import codecs
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+
+from train import UserError, REPO, parse_args, load_checkpoint, model_from_checkpoint
+
+
+@dataclass
+class SampleConfig:
+    out_dir: str = 'out'               # where train.py wrote its checkpoints
+    ckpt: str = 'ckpt.pt'              # ckpt.pt (last) or best.pt
+    start: str = '\n'                  # the prompt, or FILE:path to read it from a file (a whole book is fine)
+    num_samples: int = 1
+    max_new_tokens: int = 500
+    temperature: float = 0.8           # 0 = greedy
+    top_k: int = 200                   # 0 = no top-k truncation
+    mem_len: int = -1                  # memory length while sampling; -1 = the checkpoint's (a longer one can help)
+    seed: int = 1337
+    device: str = 'auto'
+    dtype: str = 'auto'                # auto = bfloat16 on CUDA where supported, float32 elsewhere
+
+    def __post_init__(self):
+        for name in ('num_samples', 'max_new_tokens'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature < 0 or self.top_k < 0 or self.mem_len < -1:
+            raise ValueError("temperature and top_k must be >= 0, mem_len >= -1")
+        if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+def read_prompt(start):
+    if start.startswith('FILE:'):
+        path = Path(start[len('FILE:'):])
+        try:
+            return path.read_text(encoding='utf-8', errors='replace')
+        except OSError as e:
+            raise UserError(f"cannot read prompt file {path}: {e.strerror}")
+    return start
+
+
+class Streamer:
+    """Writes tokens as text while they arrive; a character split across tokens is held until complete."""
+
+    def __init__(self, enc, out=sys.stdout):
+        self.enc, self.out = enc, out
+        self.decoder = codecs.getincrementaldecoder('utf-8')(errors='replace')
+
+    def __call__(self, tokens):                                  # tokens: (1, 1) tensor
+        t = int(tokens[0, 0])
+        raw = self.enc.decode_single_token_bytes(t) if t < self.enc.n_vocab else b'\xef\xbf\xbd'   # U+FFFD
+        self.out.write(self.decoder.decode(raw))
+        self.out.flush()
+
+    def close(self):
+        self.out.write(self.decoder.decode(b'', final=True))
+        self.out.flush()
+
+
+def sample(argv):
+    cfg, _, _, _ = parse_args(argv, SampleConfig, allow_model_fields=False)
+    from tqdm import tqdm
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from data.tokenizer import get_encoding, EOT, TokenizerError
+
+    device = cfg.device
+    if device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    device_type = 'cuda' if device.startswith('cuda') else 'mps' if device.startswith('mps') else 'cpu'
+    dtype = cfg.dtype
+    if dtype == 'auto':
+        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+    ctx = torch.autocast(device_type=device_type, dtype=ptdtype) if dtype != 'float32' else nullcontext()
+    torch.manual_seed(cfg.seed)
+
+    path = Path(cfg.out_dir) / cfg.ckpt
+    ckpt = load_checkpoint(path, 'cpu')
+    _, model_cfg, model = model_from_checkpoint(ckpt, path)
+    model.eval().to(device)
+    try:
+        enc = get_encoding()
+    except TokenizerError as e:
+        raise UserError(str(e))
+
+    if model_cfg.vocab_size < enc.n_vocab:
+        raise UserError(f"{path} has vocab_size={model_cfg.vocab_size}, fewer than the GPT-2 tokenizer's "
+                        f"{enc.n_vocab} tokens: it was not trained on GPT-2 tokens")
+    text = read_prompt(cfg.start)
+    tokens = enc.encode(text, allowed_special='all') or [EOT]
+    T = model_cfg.seg_len
+    n_full = (len(tokens) - 1) // T                  # whole segments go into memory; >= 1 token is left to generate
+    mem_len = {} if cfg.mem_len == -1 else {'mem_len': cfg.mem_len}
+    memory = model.init_memory(1, device, **mem_len)
+    prompt = torch.tensor(tokens, dtype=torch.long, device=device)[None]       # (1, N)
+    with torch.no_grad(), ctx:
+        for s in tqdm(range(n_full), desc='prompt into memory', unit='seg', disable=n_full < 2, file=sys.stderr):
+            _, _, memory, _ = model(prompt[:, s * T:(s + 1) * T], memory)
+    rest = prompt[:, n_full * T:]
+    if n_full:
+        print(f"[{n_full * T:,} prompt tokens in memory, {rest.size(1)} in the last segment]", file=sys.stderr)
+
+    for i in range(cfg.num_samples):
+        streamer = Streamer(enc)
+        if not cfg.start.startswith('FILE:'):
+            sys.stdout.write(text)
+        sample_memory = replace(memory, **{f.name: getattr(memory, f.name).clone() for f in fields(memory)})
+        with ctx:
+            model.generate(rest, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
+                           memory=sample_memory, callback=streamer)
+        streamer.close()
+        sys.stdout.write('\n' + ('-' * 40 + '\n' if i + 1 < cfg.num_samples else ''))
+        sys.stdout.flush()
+
+
+def main(argv=None):
+    try:
+        sample(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,725 @@
+"""
+Train any nanomem model on a prepared token dataset, one segment after another with the memory carried.
+
+    python train.py --model=xl --dataset=gutenberg                     # defaults below, flags override them
+    python train.py config/xl_wt103.py --compile=True                  # a config file, then flags
+    python train.py config/xl_demo.py --init_from=resume               # continue exactly where it stopped
+    torchrun --nproc_per_node=8 train.py config/xl_pg19.py             # DDP: each rank its own streams
+
+Flags are the fields of TrainConfig below plus the fields of the chosen model's Config (model_<name>.py).
+Config files hold `name = literal` lines only. An unknown or mistyped flag is an error.
+
+The data are read as Transformer-XL's ordered iterator does: the token file is cut into n_streams contiguous
+streams (batch_size rows x gradient_accumulation_steps micro-batches x world_size ranks), each read one segment
+of seg_len tokens after another, so a row's memory always holds the text just before its current segment.
+"""
+
+import ast
+import dataclasses
+import difflib
+import importlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+import typing
+from contextlib import nullcontext
+from dataclasses import dataclass, asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+REPO = Path(__file__).resolve().parent
+CKPT_FORMAT = 'nanomem-checkpoint-1'
+
+
+@dataclass
+class TrainConfig:
+    # what to train, on what, and where it goes
+    model: str = 'xl'                  # model_<model>.py: xl, compressive, infini, infformer
+    dataset: str = 'gutenberg'         # data/<dataset>/ made by data/<dataset>/prepare.py
+    data_dir: str = ''                 # '' = data/<dataset>
+    out_dir: str = 'out'               # ckpt.pt (last), best.pt, log.jsonl
+    init_from: str = 'scratch'         # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    # batch: tokens per optimizer step = world_size * gradient_accumulation_steps * batch_size * bptt_segments * seg_len
+    batch_size: int = 8                # streams per micro-batch (per GPU)
+    gradient_accumulation_steps: int = 1  # micro-batches per step, each with its own streams and memories
+    bptt_segments: int = 1             # segments whose graph is kept before backward (then the memory is detached)
+    reset_at_doc: bool = False         # empty a row's memory when its next segment starts a new document
+    # AdamW with linear warmup and cosine decay (the paper: Adam, lr 2.5e-4, cosine to 0, clip 0.25)
+    learning_rate: float = 2.5e-4
+    min_lr: float = 0.0
+    max_iters: int = 200000
+    warmup_iters: int = 0
+    lr_decay_iters: int = 0            # 0 = max_iters
+    weight_decay: float = 0.0          # on weight matrices only (not biases, norms, u/v)
+    beta1: float = 0.9
+    beta2: float = 0.999
+    grad_clip: float = 0.25            # 0 = off
+    # evaluation: streams the split with memory carried (Transformer-XL evaluates with a longer memory)
+    eval_interval: int = 4000          # also the checkpoint interval
+    eval_split: str = 'validation'
+    eval_tokens: int = 0               # 0 = the whole split
+    eval_batch_size: int = 0           # streams during eval; 0 = batch_size
+    eval_seg_len: int = 0              # 0 = seg_len
+    eval_mem_len: int = -1             # -1 = mem_len (the model's own memory length)
+    eval_only: bool = False            # evaluate the checkpoint in out_dir and exit
+    always_save_checkpoint: bool = True  # save at every eval, not only when the validation loss improves
+    log_interval: int = 10             # steps between log.jsonl lines
+    # system
+    device: str = 'auto'               # auto = cuda, then mps, then cpu
+    dtype: str = 'auto'                # auto = bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere
+    compile: typing.Optional[bool] = None  # torch.compile; None = on for CUDA
+    seed: int = 1337
+
+    def __post_init__(self):
+        positive = ('batch_size', 'gradient_accumulation_steps', 'bptt_segments', 'max_iters', 'eval_interval',
+                    'log_interval')
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ('warmup_iters', 'lr_decay_iters', 'eval_tokens', 'eval_batch_size', 'eval_seg_len'):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip'):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_mem_len < -1:
+            raise ValueError(f"eval_mem_len must be >= 0 (or -1 for mem_len), got {self.eval_mem_len}")
+        if self.init_from not in ('scratch', 'resume'):
+            raise ValueError(f"init_from must be 'scratch' or 'resume', got {self.init_from!r}")
+        if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.eval_split not in ('train', 'validation', 'test'):
+            raise ValueError(f"eval_split must be train, validation or test, got {self.eval_split!r}")
+
+
+class UserError(Exception):
+    """Bad input from the user: reported as one line, without a traceback."""
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Flags and config files
+
+
+def available_models():
+    return sorted(p.stem[len('model_'):] for p in REPO.glob('model_*.py'))
+
+
+def import_model(name):
+    if name not in available_models():
+        raise UserError(f"unknown model {name!r}; available: {', '.join(available_models())}")
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    return importlib.import_module(f'model_{name}')
+
+
+def read_config_file(path):
+    """A config file is `name = literal` lines (and comments): parsed, never executed."""
+    try:
+        source = Path(path).read_text()
+    except OSError as e:
+        raise UserError(f"cannot read config file {path}: {e.strerror}")
+    try:
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as e:
+        raise UserError(f"{path}:{e.lineno}: syntax error in config file")
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue                                                    # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise UserError(f"{path}:{node.lineno}: config files may only contain `name = literal` lines")
+        try:
+            values[node.targets[0].id] = ast.literal_eval(node.value)
+        except ValueError:
+            raise UserError(f"{path}:{node.lineno}: the value of {node.targets[0].id} must be a literal")
+    return values
+
+
+def _article(typ):
+    return {int: 'an int', float: 'a float', bool: 'True or False', str: 'a string'}.get(typ, typ.__name__)
+
+
+def _convert(name, value, typ):
+    """Convert a flag string (or check a config-file literal) to the field's type."""
+    if typing.get_origin(typ) is typing.Union:                     # Optional[X]
+        if value is None or (isinstance(value, str) and value == 'None'):
+            return None
+        typ = [t for t in typing.get_args(typ) if t is not type(None)][0]
+    if isinstance(value, str) and typ is not str:
+        if typ is bool:
+            if value.lower() in ('true', '1', 'yes'):
+                return True
+            if value.lower() in ('false', '0', 'no'):
+                return False
+            raise UserError(f"--{name} takes True or False, got {value!r}")
+        try:
+            return typ(value)
+        except ValueError:
+            raise UserError(f"--{name} takes {_article(typ)}, got {value!r}")
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise UserError(f"{name} takes {_article(typ)}, got {value!r}")
+    return value
+
+
+def parse_args(argv, train_cls=None, allow_model_fields=True):
+    """argv -> (train config, model module, model config, names the user set). Config files first, then flags."""
+    train_cls = train_cls or TrainConfig
+    overrides = {}
+    for arg in argv:
+        if arg.startswith('--'):
+            if '=' not in arg:
+                raise UserError(f"flags are written --name=value, got {arg!r}")
+            key, value = arg[2:].split('=', 1)
+            overrides[key.replace('-', '_')] = value
+        elif arg.endswith('.py'):
+            overrides.update(read_config_file(arg))
+        else:
+            raise UserError(f"unexpected argument {arg!r} (expected a config/*.py file or --name=value)")
+
+    train_fields = {f.name: f for f in dataclasses.fields(train_cls)}
+    module, model_fields = None, {}
+    if allow_model_fields:
+        model_name = overrides.get('model', train_fields['model'].default)
+        module = import_model(str(model_name))
+        model_fields = {f.name: f for f in dataclasses.fields(module.Config)}
+    train_types = typing.get_type_hints(train_cls)
+    model_types = typing.get_type_hints(module.Config) if module else {}
+
+    train_kw, model_kw = {}, {}
+    for key, value in overrides.items():
+        if key in train_fields:
+            train_kw[key] = _convert(key, value, train_types[key])
+        elif key in model_fields:
+            model_kw[key] = _convert(key, value, model_types[key])
+        else:
+            known = list(train_fields) + list(model_fields)
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean --{close[0]}?)" if close else ""
+            raise UserError(f"unknown flag --{key}{hint}")
+    try:
+        train_cfg = train_cls(**train_kw)
+        model_cfg = module.Config(**model_kw) if module else None
+    except ValueError as e:
+        raise UserError(str(e))
+    return train_cfg, module, model_cfg, set(overrides)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Data
+
+
+def load_split(data_dir, split):
+    path = Path(data_dir) / f'{split}.bin'
+    if not path.exists():
+        prepare = REPO / 'data' / Path(data_dir).name / 'prepare.py'
+        if prepare.exists():
+            raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}` first")
+        known = sorted(p.parent.name for p in (REPO / 'data').glob('*/prepare.py'))
+        raise UserError(f"no data at {path}; datasets with a prepare.py: {', '.join(known)}")
+    return np.memmap(path, dtype=np.uint16, mode='r')
+
+
+def load_meta(data_dir):
+    path = Path(data_dir) / 'meta.json'
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+class StreamLoader:
+    """Rows [first_stream, first_stream + batch_size) of n_streams contiguous streams over a token file.
+    get(position) returns the segment number `position` of every row (wrapping around at the end of an epoch),
+    with the mask of rows whose memory must be emptied before it (epoch start; document start if asked)."""
+
+    def __init__(self, data, n_streams, first_stream, batch_size, seg_len, doc_starts=None):
+        self.data, self.seg_len, self.doc_starts = data, seg_len, doc_starts
+        stream_len = (len(data) - 1) // n_streams
+        self.n_segments = stream_len // seg_len                   # per stream per epoch (the tail is dropped)
+        if self.n_segments < 1:
+            raise UserError(f"the data ({len(data)} tokens) is too small for {n_streams} streams of "
+                            f"seg_len={seg_len}: use a smaller batch_size or seg_len")
+        self.starts = (np.arange(first_stream, first_stream + batch_size) * stream_len).astype(np.int64)
+
+    def get(self, position):
+        seg = position % self.n_segments
+        offsets = self.starts + seg * self.seg_len                                  # (B,)
+        index = offsets[:, None] + np.arange(self.seg_len + 1)[None, :]             # (B, T+1)
+        chunk = torch.from_numpy(self.data[index].astype(np.int64))
+        reset = np.full(len(offsets), seg == 0 and position > 0)
+        if self.doc_starts is not None:
+            lo = np.searchsorted(self.doc_starts, offsets, side='left')
+            hi = np.searchsorted(self.doc_starts, offsets + self.seg_len, side='left')
+            reset |= (hi > lo) & (position > 0)
+        return chunk[:, :-1], chunk[:, 1:], torch.from_numpy(reset)
+
+
+def eval_stream_bounds(n_tokens, n_streams):
+    """Split the n_tokens - 1 predictions of a split into n_streams contiguous runs, so every token after the
+    first is predicted exactly once: stream s reads inputs [a_s, b_s) and predicts tokens [a_s + 1, b_s + 1)."""
+    bounds = np.linspace(0, n_tokens - 1, n_streams + 1).round().astype(np.int64)
+    return bounds[:-1], bounds[1:]
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Memory helpers: any dataclass of tensors, no model-specific code
+
+
+def memory_to_dict(memory):
+    return {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)}
+
+
+def memory_from_dict(template, values):
+    return dataclasses.replace(template, **{k: v.to(getattr(template, k).device) for k, v in values.items()})
+
+
+def detach_memory(memory):
+    return dataclasses.replace(memory, **{k: v.detach() for k, v in memory_to_dict(memory).items()})
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Checkpoints: tensors and plain Python values only, loadable with torch.load(weights_only=True)
+
+
+def save_checkpoint(state, path):
+    """Atomic: write a temporary file in the same directory, fsync, rename over the old checkpoint."""
+    path = Path(path)
+    tmp = path.with_name(path.name + '.tmp')
+    with open(tmp, 'wb') as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, device='cpu'):
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:                                    # pickled objects, truncated file, not torch at all
+        raise UserError(f"{path} is not a loadable nanomem checkpoint ({type(e).__name__})")
+    if not isinstance(ckpt, dict) or ckpt.get('format') != CKPT_FORMAT:
+        raise UserError(f"{path} is not a nanomem checkpoint")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
+    """Rebuild the model a checkpoint holds, with config fields replaced by overrides (the weights must still
+    fit). -> (module, config, model)"""
+    module = import_model(ckpt['model_name'])
+    known = {f.name for f in dataclasses.fields(module.Config)}
+    unknown = set(ckpt['model_config']) - known
+    if unknown:
+        raise UserError(f"{path} has config fields {sorted(unknown)} that model_{ckpt['model_name']}.py "
+                        f"does not know (written by another version)")
+    try:
+        config = module.Config(**{**ckpt['model_config'], **(overrides or {})})
+    except ValueError as e:
+        raise UserError(f"{path}: {e}")
+    model = module.Model(config)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in ckpt['model'].items()}
+    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+    reshaped = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
+    if missing or unexpected or reshaped:
+        problem = (f"{len(missing)} missing (e.g. {missing[0]})" if missing else
+                   f"{len(unexpected)} unexpected (e.g. {unexpected[0]})" if unexpected else
+                   f"{reshaped[0]} is {found[reshaped[0]]}, the model expects {expected[reshaped[0]]}")
+        raise UserError(f"{path}: the weights do not fit this model_{ckpt['model_name']}.py config: {problem}")
+    model.load_state_dict(ckpt['model'])
+    return module, config, model
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Optimizer and schedule
+
+
+def configure_optimizer(model, cfg, device_type):
+    """AdamW. Weight decay on weight matrices only; a model may declare lr multipliers with
+    model.lr_multipliers() -> {parameter name: multiplier} (e.g. a gate that should learn faster)."""
+    multipliers = model.lr_multipliers() if hasattr(model, 'lr_multipliers') else {}
+    unknown = set(multipliers) - {n for n, _ in model.named_parameters()}
+    assert not unknown, f"lr_multipliers names unknown parameters {unknown}"
+    groups = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        decay = p.dim() >= 2 and not name.endswith('bias')         # r_w_bias / r_r_bias (u, v) are not decayed
+        key = (decay, multipliers.get(name, 1.0))
+        groups.setdefault(key, []).append(p)
+    param_groups = [{'params': ps, 'weight_decay': cfg.weight_decay if decay else 0.0, 'lr_mult': mult}
+                    for (decay, mult), ps in sorted(groups.items())]
+    fused = device_type == 'cuda'
+    return torch.optim.AdamW(param_groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def get_lr(step, cfg):
+    """Linear warmup, then cosine decay from learning_rate to min_lr over lr_decay_iters."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if step < cfg.warmup_iters:
+        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
+    if step >= decay_iters:
+        return cfg.min_lr
+    ratio = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+# bf16 dense tensor-core peak FLOP/s, for MFU (fp16 is the same on these parts)
+PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'A10G': 125e12, 'L40S': 362e12, 'L4': 121e12,
+              'RTX 4090': 165e12, 'RTX 3090': 71e12, 'V100': 125e12, 'T4': 65e12}
+
+
+def peak_flops(device_type):
+    if device_type != 'cuda':
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Distributed helpers (all no-ops on a single process)
+
+
+def gather_stacked(tensor, world_size):
+    """(...) on every rank -> (world_size, ...) on every rank."""
+    if world_size == 1:
+        return tensor[None]
+    out = [torch.empty_like(tensor) for _ in range(world_size)]
+    torch.distributed.all_gather(out, tensor.contiguous())
+    return torch.stack(out)
+
+
+def all_reduce_sum(values, device, world_size):
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if world_size > 1:
+        torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=None):
+    """Stream the split (or its first eval_tokens + 1 tokens) through the model with memory carried.
+    Returns {'loss', 'ppl', 'tokens'} and 'word_ppl' (total NLL / words) when the whole split was read."""
+    n_tokens = len(data) if cfg.eval_tokens == 0 else min(len(data), cfg.eval_tokens + 1)
+    B = cfg.eval_batch_size or cfg.batch_size
+    T = cfg.eval_seg_len or model_cfg.seg_len
+    M = None if cfg.eval_mem_len == -1 else cfg.eval_mem_len
+    starts, ends = eval_stream_bounds(n_tokens, B * world_size)
+    starts, ends = starts[rank * B:(rank + 1) * B], ends[rank * B:(rank + 1) * B]
+    was_training = model.training
+    model.eval()
+    memory = model.init_memory(B, device) if M is None else model.init_memory(B, device, mem_len=M)
+    nll, count = 0.0, 0
+    n_steps = int(math.ceil((ends - starts).max() / T)) if len(starts) else 0
+    for s in range(n_steps):
+        x = torch.zeros(B, T, dtype=torch.long)
+        y = torch.full((B, T), -1, dtype=torch.long)
+        for b in range(B):
+            a = starts[b] + s * T
+            n = max(0, min(T, ends[b] - a))
+            if n:
+                x[b, :n] = torch.from_numpy(data[a:a + n].astype(np.int64))
+                y[b, :n] = torch.from_numpy(data[a + 1:a + 1 + n].astype(np.int64))
+        x, y = x.to(device), y.to(device)
+        with ctx:
+            logits, _, memory, _ = model(x, memory)
+        nll += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1),
+                               ignore_index=-1, reduction='sum').item()
+        count += int((y != -1).sum())
+    model.train(was_training)
+    nll, count = all_reduce_sum([nll, count], device, world_size)
+    if count == 0:
+        raise UserError(f"nothing to evaluate: the {cfg.eval_split} split has {len(data)} tokens")
+    out = {'loss': nll / count, 'ppl': math.exp(min(nll / count, 700)), 'tokens': int(count)}
+    if words and n_tokens == len(data):
+        out['word_ppl'] = math.exp(min(nll / words, 700))
+    return out
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Training
+
+
+def setup_device(cfg):
+    ddp = int(os.environ.get('RANK', -1)) != -1
+    if cfg.device == 'auto':
+        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    else:
+        device = cfg.device
+    rank, local_rank, world_size = 0, 0, 1
+    if ddp:
+        backend = 'nccl' if device.startswith('cuda') else 'gloo'
+        torch.distributed.init_process_group(backend=backend)
+        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        local_rank = int(os.environ.get('LOCAL_RANK', 0))
+        if device.startswith('cuda'):
+            device = f'cuda:{local_rank}'
+            torch.cuda.set_device(device)
+    device_type = 'cuda' if device.startswith('cuda') else 'mps' if device.startswith('mps') else 'cpu'
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        raise UserError("--device=cuda but torch sees no CUDA device")
+    dtype = cfg.dtype
+    if dtype == 'auto':
+        if device_type == 'cuda':
+            dtype = 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+        else:
+            dtype = 'float32'
+    return ddp, rank, world_size, device, device_type, dtype
+
+
+def train(argv):
+    cfg, module, model_cfg, given = parse_args(argv)
+    ddp, rank, world_size, device, device_type, dtype = setup_device(cfg)
+    master = rank == 0
+    from tqdm import tqdm
+    say = tqdm.write if master else (lambda *a, **k: None)      # prints above the progress bar
+    out_dir = Path(cfg.out_dir)
+    data_dir = Path(cfg.data_dir or REPO / 'data' / cfg.dataset)
+
+    torch.manual_seed(cfg.seed + rank)
+
+    # ---- resume: the architecture comes from the checkpoint; flags may not contradict it
+    ckpt = None
+    if cfg.init_from == 'resume' or cfg.eval_only:
+        ckpt = load_checkpoint(out_dir / 'ckpt.pt', device)
+        if ckpt['model_name'] != cfg.model:
+            raise UserError(f"{out_dir / 'ckpt.pt'} holds a {ckpt['model_name']!r} model, not --model={cfg.model}")
+        saved = ckpt['model_config']
+        clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k)]
+        if clash and not cfg.eval_only:
+            k = clash[0]
+            raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts the checkpoint ({k}={saved[k]}); "
+                            f"the architecture is fixed on resume")
+        # --eval_only may change model flags that keep the weights (clamp_len, same_length, mem_len, ...)
+        overrides = {k: getattr(model_cfg, k) for k in clash}
+        _, model_cfg, model = model_from_checkpoint(ckpt, out_dir / 'ckpt.pt', overrides)
+    else:
+        model = module.Model(model_cfg)
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+    ctx = torch.autocast(device_type=device_type, dtype=ptdtype) if dtype != 'float32' else nullcontext()
+
+    # ---- data
+    train_data = load_split(data_dir, 'train')
+    eval_data = load_split(data_dir, cfg.eval_split)
+    meta = load_meta(data_dir)
+    if meta.get('vocab_size', 0) > model_cfg.vocab_size:
+        raise UserError(f"the data's vocabulary ({meta['vocab_size']}) is larger than vocab_size={model_cfg.vocab_size}")
+    eval_words = meta.get('splits', {}).get(cfg.eval_split, {}).get('words')
+    doc_starts = None
+    if cfg.reset_at_doc:
+        docs_path = data_dir / 'train_docs.npy'
+        if not docs_path.exists():
+            raise UserError(f"--reset_at_doc=True needs {docs_path} (made by the dataset's prepare.py)")
+        doc_starts = np.load(docs_path)
+    G, B, T = cfg.gradient_accumulation_steps, cfg.batch_size, model_cfg.seg_len
+    n_streams = world_size * G * B
+    loaders = [StreamLoader(train_data, n_streams, (rank * G + g) * B, B, T, doc_starts) for g in range(G)]
+    tokens_per_step = n_streams * T * cfg.bptt_segments
+
+    model.to(device)
+    raw_model = model
+    optimizer = configure_optimizer(raw_model, cfg, device_type)
+    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
+    memories = [raw_model.init_memory(B, device) for _ in range(G)]
+    step, position, best_val_loss = 0, 0, float('inf')
+
+    if ckpt is not None and not cfg.eval_only:
+        layout = (ckpt['world_size'], ckpt['train_config']['gradient_accumulation_steps'],
+                  ckpt['train_config']['batch_size'])
+        if layout != (world_size, G, B):
+            raise UserError(f"the checkpoint's streams were world_size, gradient_accumulation_steps, batch_size = "
+                            f"{layout}; resume with the same values (now {(world_size, G, B)})")
+        optimizer.load_state_dict(ckpt['optimizer'])
+        scaler.load_state_dict(ckpt['scaler'])
+        step, position, best_val_loss = ckpt['step'], ckpt['data_position'], ckpt['best_val_loss']
+        memories = [memory_from_dict(m, {k: v[rank] for k, v in saved.items()})
+                    for m, saved in zip(memories, ckpt['memory'])]
+        torch.set_rng_state(ckpt['rng']['cpu'][rank].cpu())
+        if device_type == 'cuda' and 'cuda' in ckpt['rng']:
+            torch.cuda.set_rng_state(ckpt['rng']['cuda'][rank].cpu())
+    ckpt = None                                                  # free it
+
+    def run_eval():
+        return evaluate(raw_model, eval_data, cfg, model_cfg, ctx, device, rank, world_size, eval_words)
+
+    if cfg.eval_only:
+        result = run_eval()
+        say(json.dumps({'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}}))
+        if ddp:
+            torch.distributed.destroy_process_group()
+        return result
+
+    if cfg.compile is None:
+        cfg.compile = device_type == 'cuda'
+    if cfg.compile:
+        model = torch.compile(model)
+    if ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[int(device.split(':')[1])]
+                                                          if device_type == 'cuda' else None)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_file = open(out_dir / 'log.jsonl', 'a') if master else None
+
+    def log(record):
+        if master:
+            log_file.write(json.dumps(record) + '\n')
+            log_file.flush()
+
+    def checkpoint_state():
+        rng = {'cpu': gather_stacked(torch.get_rng_state().to(device), world_size).cpu()}
+        if device_type == 'cuda':
+            rng['cuda'] = gather_stacked(torch.cuda.get_rng_state().to(device), world_size).cpu()
+        return {
+            'format': CKPT_FORMAT,
+            'model_name': cfg.model,
+            'model_config': asdict(model_cfg),
+            'train_config': asdict(cfg),
+            'model': raw_model.state_dict(),
+            'optimizer': optimizer.state_dict(),
+            'scaler': scaler.state_dict(),
+            'step': step,
+            'data_position': position,
+            'best_val_loss': best_val_loss,
+            'world_size': world_size,
+            'rng': rng,
+            'memory': [{k: gather_stacked(v, world_size).cpu() for k, v in memory_to_dict(m).items()}
+                       for m in memories],
+        }
+
+    def save(is_best):
+        state = checkpoint_state()                              # collective under DDP: every rank takes part
+        if master:
+            save_checkpoint(state, out_dir / 'ckpt.pt')
+            if is_best:
+                save_checkpoint(state, out_dir / 'best.pt')
+
+    n_params = raw_model.num_params() if hasattr(raw_model, 'num_params') else sum(
+        p.numel() for p in raw_model.parameters())
+    say(f"model {cfg.model}: {n_params / 1e6:.2f}M parameters | device {device} {dtype}"
+        f"{' compiled' if cfg.compile else ''} | world {world_size}")
+    say(f"tokens per step: {tokens_per_step:,} = {world_size} ranks x {G} micro x {B} streams x "
+        f"{cfg.bptt_segments} segments x {T} | data: {len(train_data):,} train tokens, "
+        f"{loaders[0].n_segments:,} segments per stream per epoch")
+    flops_per_token = raw_model.flops_per_token() if hasattr(raw_model, 'flops_per_token') else 6 * n_params
+    peak = peak_flops(device_type)
+
+    # Ctrl-C finishes the current step, saves, and exits (a second Ctrl-C stops at once)
+    stop = {'requested': False}
+    if not ddp:
+        def on_sigint(signum, frame):
+            if stop['requested']:
+                raise KeyboardInterrupt
+            stop['requested'] = True
+            say("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now)")
+        signal.signal(signal.SIGINT, on_sigint)
+
+    bar = tqdm(total=cfg.max_iters, initial=step, disable=not master, dynamic_ncols=True,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    model.train()
+    aux_sum, aux_count, t0 = {}, 0, time.time()
+    while step < cfg.max_iters:
+        lr = get_lr(step, cfg)
+        for group in optimizer.param_groups:
+            group['lr'] = lr * group['lr_mult']
+
+        loss_sum = 0.0
+        for g in range(G):
+            sync = not ddp or g == G - 1                       # all-reduce gradients on the last micro-batch only
+            with (nullcontext() if sync else model.no_sync()):
+                total = 0.0
+                for s in range(cfg.bptt_segments):
+                    x, y, reset = loaders[g].get(position + s)
+                    if reset.any():
+                        memories[g] = raw_model.reset_memory(memories[g], reset.to(device))
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    with ctx:
+                        _, loss, memories[g], aux = model(x, memories[g], y)
+                    total = total + loss
+                    for k, v in aux.items():
+                        aux_sum[k] = aux_sum.get(k, 0.0) + v.detach().float()
+                    aux_count += 1
+                total = total / (G * cfg.bptt_segments)
+                scaler.scale(total).backward()
+                memories[g] = detach_memory(memories[g])      # truncate backprop through time here
+                loss_sum += total.detach()
+        if ddp:                                                # the mean over ranks: every rank sees a NaN
+            torch.distributed.all_reduce(loss_sum)
+            loss_sum /= world_size
+        loss_value = float(loss_sum)
+        if not math.isfinite(loss_value):
+            bar.close()
+            raise UserError(f"loss is {loss_value} at step {step}: stopping before the update. The last good "
+                            f"checkpoint is {out_dir / 'ckpt.pt'} (try a lower learning_rate or --dtype=float32)")
+        if cfg.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        position += cfg.bptt_segments
+
+        dt = time.time() - t0
+        t0 = time.time()
+        tokens_per_sec = tokens_per_step / dt
+        mfu = flops_per_token * tokens_per_sec / (peak * world_size) if peak else None
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
+                        **({'mfu': f"{100 * mfu:.1f}%"} if mfu else {}), refresh=False)
+        if step % cfg.log_interval == 0:
+            record = {'step': step, 'train/loss': loss_value, 'lr': lr, 'tokens_per_sec': tokens_per_sec,
+                      'tokens': step * tokens_per_step}
+            record.update({f'train/{k}': float(v) / aux_count for k, v in aux_sum.items()})
+            if mfu:
+                record['mfu'] = mfu
+            log(record)
+            aux_sum, aux_count = {}, 0
+
+        if stop['requested']:
+            save(is_best=False)
+            say(f"saved {out_dir / 'ckpt.pt'} at step {step}; continue with --init_from=resume")
+            break
+        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+            result = run_eval()
+            is_best = result['loss'] < best_val_loss
+            best_val_loss = min(best_val_loss, result['loss'])
+            words = f", word ppl {result['word_ppl']:.2f}" if 'word_ppl' in result else ''
+            say(f"step {step}: {cfg.eval_split} loss {result['loss']:.4f}, ppl {result['ppl']:.2f}{words}"
+                f" ({result['tokens']:,} tokens)")
+            log({'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}})
+            if cfg.always_save_checkpoint or is_best:
+                save(is_best)
+            t0 = time.time()                                  # do not count eval time as training time
+    bar.close()
+    if master:
+        log_file.close()
+        say(f"done: step {step}, best {cfg.eval_split} loss {best_val_loss:.4f}, checkpoint in {out_dir}")
+    if ddp:
+        torch.distributed.destroy_process_group()
+    return {'step': step, 'best_val_loss': best_val_loss}
+
+
+def main(argv=None):
+    try:
+        train(sys.argv[1:] if argv is None else argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == '__main__':
+    main()
