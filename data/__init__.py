@@ -1,0 +1,1 @@
+"""Datasets for nanomem: the GPT-2 tokenizer and token shards (see data/README.md)."""
