@@ -293,7 +293,7 @@ class Model(nn.Module):
         M = memory.mem.size(2)
         T = hids[0].size(1)
         cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (L, B, M+T, C)
-        return Memory(mem=cat[:, :, T:].detach(),                                   # (L, B, M, C)
+        return Memory(mem=cat[:, :, T:].detach().contiguous(),                      # (L, B, M, C)
                       length=(memory.length + T).clamp(max=M))
 
     # --- attention geometry, shared by forward and generate ------------------------------------------------

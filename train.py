@@ -422,7 +422,9 @@ def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=N
     memory = model.init_memory(B, device) if M is None else model.init_memory(B, device, mem_len=M)
     nll, count = 0.0, 0
     n_steps = int(math.ceil((ends - starts).max() / T)) if len(starts) else 0
-    for s in range(n_steps):
+    from tqdm import tqdm
+    for s in tqdm(range(n_steps), desc=f'eval {cfg.eval_split}', unit='seg', leave=False, dynamic_ncols=True,
+                  disable=rank != 0 or n_steps < 50):
         x = torch.zeros(B, T, dtype=torch.long)
         y = torch.full((B, T), -1, dtype=torch.long)
         for b in range(B):
