@@ -278,7 +278,8 @@ class Model(nn.Module):
         """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (a longer one at eval)."""
         c = self.config
         M = c.mem_len if mem_len is None else mem_len
-        return Memory(mem=torch.zeros(c.n_layer, batch_size, M, c.n_embd, device=device),
+        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
+        return Memory(mem=torch.zeros(c.n_layer, batch_size, M, c.n_embd, device=device, dtype=dtype),
                       length=torch.zeros(batch_size, dtype=torch.long, device=device))
 
     def reset_memory(self, memory, mask):
@@ -303,7 +304,7 @@ class Model(nn.Module):
         pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
         if self.config.clamp_len > 0:
             pos_seq = pos_seq.clamp(max=self.config.clamp_len)
-        return self.drop(self.pos_emb(pos_seq))                  # (K, C)
+        return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
 
     def _attn_mask(self, key_valid, T, mem_len):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
