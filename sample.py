@@ -10,13 +10,13 @@ model's memory; generation then continues from the last partial segment. Text st
 
 import codecs
 import sys
-from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
 
-from train import UserError, REPO, parse_args, load_checkpoint, model_from_checkpoint
+from train import (UserError, REPO, parse_args, load_checkpoint, model_from_checkpoint, resolve_device,
+                   resolve_dtype, autocast_context, run_cli)
 
 
 @dataclass
@@ -31,7 +31,7 @@ class SampleConfig:
     mem_len: int = -1                  # memory length while sampling; -1 = the checkpoint's (a longer one can help)
     seed: int = 1337
     device: str = 'auto'
-    dtype: str = 'auto'                # auto = bfloat16 on CUDA where supported, float32 elsewhere
+    dtype: str = 'auto'                # auto = bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere
 
     def __post_init__(self):
         for name in ('num_samples', 'max_new_tokens'):
@@ -78,15 +78,8 @@ def sample(argv):
         sys.path.insert(0, str(REPO))
     from data.tokenizer import get_encoding, EOT, TokenizerError
 
-    device = cfg.device
-    if device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-    device_type = 'cuda' if device.startswith('cuda') else 'mps' if device.startswith('mps') else 'cpu'
-    dtype = cfg.dtype
-    if dtype == 'auto':
-        dtype = 'bfloat16' if device_type == 'cuda' and torch.cuda.is_bf16_supported() else 'float32'
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    ctx = torch.autocast(device_type=device_type, dtype=ptdtype) if dtype != 'float32' else nullcontext()
+    device, device_type = resolve_device(cfg.device)
+    ctx = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
     torch.manual_seed(cfg.seed)
 
     path = Path(cfg.out_dir) / cfg.ckpt
@@ -129,11 +122,7 @@ def sample(argv):
 
 
 def main(argv=None):
-    try:
-        sample(sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(sample, argv)
 
 
 if __name__ == '__main__':

@@ -453,12 +453,35 @@ def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=N
 # Training
 
 
+def resolve_device(name):
+    """'auto' -> cuda, then mps, then cpu. Returns (device, device_type)."""
+    if name == 'auto':
+        name = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    device_type = 'cuda' if name.startswith('cuda') else 'mps' if name.startswith('mps') else 'cpu'
+    if device_type == 'cuda' and not torch.cuda.is_available():
+        raise UserError(f"--device={name} but torch sees no CUDA device")
+    return name, device_type
+
+
+def resolve_dtype(dtype, device_type):
+    """'auto' -> bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere."""
+    if dtype != 'auto':
+        return dtype
+    if device_type == 'cuda':
+        return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
+    return 'float32'
+
+
+def autocast_context(device_type, dtype):
+    """One context for mixed precision, a no-op in float32."""
+    if dtype == 'float32':
+        return nullcontext()
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+
+
 def setup_device(cfg):
     ddp = int(os.environ.get('RANK', -1)) != -1
-    if cfg.device == 'auto':
-        device = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-    else:
-        device = cfg.device
+    device, device_type = resolve_device(cfg.device)
     rank, local_rank, world_size = 0, 0, 1
     if ddp:
         backend = 'nccl' if device.startswith('cuda') else 'gloo'
@@ -468,16 +491,7 @@ def setup_device(cfg):
         if device.startswith('cuda'):
             device = f'cuda:{local_rank}'
             torch.cuda.set_device(device)
-    device_type = 'cuda' if device.startswith('cuda') else 'mps' if device.startswith('mps') else 'cpu'
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        raise UserError("--device=cuda but torch sees no CUDA device")
-    dtype = cfg.dtype
-    if dtype == 'auto':
-        if device_type == 'cuda':
-            dtype = 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
-        else:
-            dtype = 'float32'
-    return ddp, rank, world_size, device, device_type, dtype
+    return ddp, rank, world_size, device, device_type, resolve_dtype(cfg.dtype, device_type)
 
 
 def train(argv):
@@ -511,8 +525,7 @@ def train(argv):
 
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-    ctx = torch.autocast(device_type=device_type, dtype=ptdtype) if dtype != 'float32' else nullcontext()
+    ctx = autocast_context(device_type, dtype)
 
     # ---- data
     train_data = load_split(data_dir, 'train')
@@ -715,12 +728,17 @@ def train(argv):
     return {'step': step, 'best_val_loss': best_val_loss}
 
 
-def main(argv=None):
+def run_cli(fn, argv=None):
+    """Run fn(argv); bad input is one line on stderr and exit status 2, never a traceback."""
     try:
-        train(sys.argv[1:] if argv is None else argv)
+        fn(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def main(argv=None):
+    run_cli(train, argv)
 
 
 if __name__ == '__main__':
