@@ -56,8 +56,8 @@ def read_prompt(start):
 class Streamer:
     """Writes tokens as text while they arrive; a character split across tokens is held until complete."""
 
-    def __init__(self, enc, out=sys.stdout):
-        self.enc, self.out = enc, out
+    def __init__(self, enc, out=None):
+        self.enc, self.out = enc, sys.stdout if out is None else out
         self.decoder = codecs.getincrementaldecoder('utf-8')(errors='replace')
 
     def __call__(self, tokens):                                  # tokens: (1, 1) tensor

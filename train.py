@@ -290,11 +290,15 @@ def save_checkpoint(state, path):
     """Atomic: write a temporary file in the same directory, fsync, rename over the old checkpoint."""
     path = Path(path)
     tmp = path.with_name(path.name + '.tmp')
-    with open(tmp, 'wb') as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)                          # a full disk keeps no half-written file
+        raise
 
 
 def load_checkpoint(path, device='cpu'):
@@ -457,6 +461,10 @@ def resolve_device(name):
     """'auto' -> cuda, then mps, then cpu. Returns (device, device_type)."""
     if name == 'auto':
         name = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
+    try:
+        torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device={name} is not a torch device (auto, cpu, cuda, cuda:N or mps)") from None
     device_type = 'cuda' if name.startswith('cuda') else 'mps' if name.startswith('mps') else 'cpu'
     if device_type == 'cuda' and not torch.cuda.is_available():
         raise UserError(f"--device={name} but torch sees no CUDA device")
@@ -575,6 +583,7 @@ def train(argv):
         result = run_eval()
         say(json.dumps({'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}}))
         if ddp:
+            torch.distributed.barrier()                          # nobody leaves while another rank still works
             torch.distributed.destroy_process_group()
         return result
 
@@ -634,96 +643,105 @@ def train(argv):
 
     # Ctrl-C finishes the current step, saves, and exits (a second Ctrl-C stops at once)
     stop = {'requested': False}
+    previous_handler = None
     if not ddp:
         def on_sigint(signum, frame):
             if stop['requested']:
                 raise KeyboardInterrupt
             stop['requested'] = True
             say("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now)")
-        signal.signal(signal.SIGINT, on_sigint)
+        previous_handler = signal.signal(signal.SIGINT, on_sigint)
 
-    bar = tqdm(total=cfg.max_iters, initial=step, disable=not master, dynamic_ncols=True,
-               mininterval=1.0 if sys.stderr.isatty() else 30.0)
-    model.train()
-    aux_sum, aux_count, t0 = {}, 0, time.time()
-    while step < cfg.max_iters:
-        lr = get_lr(step, cfg)
-        for group in optimizer.param_groups:
-            group['lr'] = lr * group['lr_mult']
+    try:
+        bar = tqdm(total=cfg.max_iters, initial=step, disable=not master, dynamic_ncols=True,
+                   mininterval=1.0 if sys.stderr.isatty() else 30.0)
+        model.train()
+        aux_sum, aux_count, t0 = {}, 0, time.time()
+        while step < cfg.max_iters:
+            lr = get_lr(step, cfg)
+            for group in optimizer.param_groups:
+                group['lr'] = lr * group['lr_mult']
 
-        loss_sum = 0.0
-        for g in range(G):
-            sync = not ddp or g == G - 1                       # all-reduce gradients on the last micro-batch only
-            with (nullcontext() if sync else model.no_sync()):
-                total = 0.0
-                for s in range(cfg.bptt_segments):
-                    x, y, reset = loaders[g].get(position + s)
-                    if reset.any():
-                        memories[g] = raw_model.reset_memory(memories[g], reset.to(device))
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    with ctx:
-                        _, loss, memories[g], aux = model(x, memories[g], y)
-                    total = total + loss
-                    for k, v in aux.items():
-                        aux_sum[k] = aux_sum.get(k, 0.0) + v.detach().float()
-                    aux_count += 1
-                total = total / (G * cfg.bptt_segments)
-                scaler.scale(total).backward()
-                memories[g] = detach_memory(memories[g])      # truncate backprop through time here
-                loss_sum += total.detach()
-        if ddp:                                                # the mean over ranks: every rank sees a NaN
-            torch.distributed.all_reduce(loss_sum)
-            loss_sum /= world_size
-        loss_value = float(loss_sum)
-        if not math.isfinite(loss_value):
-            bar.close()
-            raise UserError(f"loss is {loss_value} at step {step}: stopping before the update. The last good "
-                            f"checkpoint is {out_dir / 'ckpt.pt'} (try a lower learning_rate or --dtype=float32)")
-        if cfg.grad_clip > 0:
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        position += cfg.bptt_segments
+            loss_sum = 0.0
+            for g in range(G):
+                sync = not ddp or g == G - 1                       # all-reduce gradients on the last micro-batch only
+                with (nullcontext() if sync else model.no_sync()):
+                    total = 0.0
+                    for s in range(cfg.bptt_segments):
+                        x, y, reset = loaders[g].get(position + s)
+                        if reset.any():
+                            memories[g] = raw_model.reset_memory(memories[g], reset.to(device))
+                        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                        with ctx:
+                            _, loss, memories[g], aux = model(x, memories[g], y)
+                        total = total + loss
+                        for k, v in aux.items():              # floats or tensors (e.g. a gate per head)
+                            v = v.detach().float() if torch.is_tensor(v) else float(v)
+                            aux_sum[k] = aux_sum.get(k, 0.0) + v
+                        aux_count += 1
+                    total = total / (G * cfg.bptt_segments)
+                    scaler.scale(total).backward()
+                    memories[g] = detach_memory(memories[g])      # truncate backprop through time here
+                    loss_sum += total.detach()
+            if ddp:                                                # the mean over ranks: every rank sees a NaN
+                torch.distributed.all_reduce(loss_sum)
+                loss_sum /= world_size
+            loss_value = float(loss_sum)
+            if not math.isfinite(loss_value):
+                bar.close()
+                raise UserError(f"loss is {loss_value} at step {step + 1}: stopping before the update. The last good "
+                                f"checkpoint is {out_dir / 'ckpt.pt'} (try a lower learning_rate or --dtype=float32)")
+            if cfg.grad_clip > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            position += cfg.bptt_segments
 
-        dt = time.time() - t0
-        t0 = time.time()
-        tokens_per_sec = tokens_per_step / dt
-        mfu = flops_per_token * tokens_per_sec / (peak * world_size) if peak else None
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
-                        **({'mfu': f"{100 * mfu:.1f}%"} if mfu else {}), refresh=False)
-        if step % cfg.log_interval == 0:
-            record = {'step': step, 'train/loss': loss_value, 'lr': lr, 'tokens_per_sec': tokens_per_sec,
-                      'tokens': step * tokens_per_step}
-            record.update({f'train/{k}': float(v) / aux_count for k, v in aux_sum.items()})
-            if mfu:
-                record['mfu'] = mfu
-            log(record)
-            aux_sum, aux_count = {}, 0
+            dt = time.time() - t0
+            t0 = time.time()
+            tokens_per_sec = tokens_per_step / dt
+            mfu = flops_per_token * tokens_per_sec / (peak * world_size) if peak else None
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
+                            **({'mfu': f"{100 * mfu:.1f}%"} if mfu else {}), refresh=False)
+            if step % cfg.log_interval == 0:
+                record = {'step': step, 'train/loss': loss_value, 'lr': lr, 'tokens_per_sec': tokens_per_sec,
+                          'tokens': step * tokens_per_step}
+                for k, v in aux_sum.items():
+                    v = v / aux_count
+                    record[f'train/{k}'] = v.flatten().tolist() if torch.is_tensor(v) and v.numel() > 1 else float(v)
+                if mfu:
+                    record['mfu'] = mfu
+                log(record)
+                aux_sum, aux_count = {}, 0
 
-        if stop['requested']:
-            save(is_best=False)
-            say(f"saved {out_dir / 'ckpt.pt'} at step {step}; continue with --init_from=resume")
-            break
-        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
-            result = run_eval()
-            is_best = result['loss'] < best_val_loss
-            best_val_loss = min(best_val_loss, result['loss'])
-            words = f", word ppl {result['word_ppl']:.2f}" if 'word_ppl' in result else ''
-            say(f"step {step}: {cfg.eval_split} loss {result['loss']:.4f}, ppl {result['ppl']:.2f}{words}"
-                f" ({result['tokens']:,} tokens)")
-            log({'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}})
-            if cfg.always_save_checkpoint or is_best:
-                save(is_best)
-            t0 = time.time()                                  # do not count eval time as training time
-    bar.close()
+            if stop['requested']:
+                save(is_best=False)
+                say(f"saved {out_dir / 'ckpt.pt'} at step {step}; continue with --init_from=resume")
+                break
+            if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+                result = run_eval()
+                is_best = result['loss'] < best_val_loss
+                best_val_loss = min(best_val_loss, result['loss'])
+                words = f", word ppl {result['word_ppl']:.2f}" if 'word_ppl' in result else ''
+                say(f"step {step}: {cfg.eval_split} loss {result['loss']:.4f}, ppl {result['ppl']:.2f}{words}"
+                    f" ({result['tokens']:,} tokens)")
+                log({'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}})
+                if cfg.always_save_checkpoint or is_best:
+                    save(is_best)
+                t0 = time.time()                                  # do not count eval time as training time
+        bar.close()
+    finally:                                                 # a finished run leaves Ctrl-C as it was
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
     if master:
         log_file.close()
         say(f"done: step {step}, best {cfg.eval_split} loss {best_val_loss:.4f}, checkpoint in {out_dir}")
     if ddp:
+        torch.distributed.barrier()                              # rank 0 may still be writing the checkpoint
         torch.distributed.destroy_process_group()
     return {'step': step, 'best_val_loss': best_val_loss}
 
