@@ -428,7 +428,7 @@ def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=N
     n_steps = int(math.ceil((ends - starts).max() / T)) if len(starts) else 0
     from tqdm import tqdm
     for s in tqdm(range(n_steps), desc=f'eval {cfg.eval_split}', unit='seg', leave=False, dynamic_ncols=True,
-                  disable=rank != 0 or n_steps < 50):
+                  disable=rank != 0 or n_steps < 50, mininterval=1.0 if sys.stderr.isatty() else 30.0):
         x = torch.zeros(B, T, dtype=torch.long)
         y = torch.full((B, T), -1, dtype=torch.long)
         for b in range(B):
