@@ -569,11 +569,13 @@ def train(argv):
         optimizer.load_state_dict(ckpt['optimizer'])
         scaler.load_state_dict(ckpt['scaler'])
         step, position, best_val_loss = ckpt['step'], ckpt['data_position'], ckpt['best_val_loss']
-        memories = [memory_from_dict(m, {k: v[rank] for k, v in saved.items()})
-                    for m, saved in zip(memories, ckpt['memory'])]
+        memories = [memory_from_dict(m, {k: v[rank] for k, v in stored.items()})
+                    for m, stored in zip(memories, ckpt['memory'])]
         torch.set_rng_state(ckpt['rng']['cpu'][rank].cpu())
         if device_type == 'cuda' and 'cuda' in ckpt['rng']:
             torch.cuda.set_rng_state(ckpt['rng']['cuda'][rank].cpu())
+    elif ckpt is not None:
+        step = ckpt['step']                                      # --eval_only: report which step was evaluated
     ckpt = None                                                  # free it
 
     def run_eval():
