@@ -11,6 +11,7 @@ and renamed at the very end, so an interrupted run never leaves files that look 
 Documents are tokenized in worker processes, in order, and appended to the open .tmp file as they come back:
 RAM stays bounded whatever the size of the split.
 """
+import argparse
 import contextlib
 import json
 import multiprocessing
@@ -28,6 +29,16 @@ SPLITS = ("train", "validation", "test")
 
 class DataError(Exception):
     """Bad input (missing or empty source, no network, ...). The CLI prints it as one line, no traceback."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error for a bad flag (instead of usage + error), exit status 2."""
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see --help)\n")
 
 
 @contextlib.contextmanager

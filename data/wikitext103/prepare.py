@@ -14,14 +14,13 @@ file, blank lines included, counts its whitespace-separated words plus one <eos>
 in text mode (lines end at \\n, \\r\\n or \\r), strips each line, splits it on whitespace and appends <eos>
 (vocabulary.py: encode_file(..., add_eos=True)), so a blank line counts as 1.
 """
-import argparse
 import hashlib
 import io
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from data.shards import (SPLITS, DataError, cli_errors, decode_utf8, default_source, encode_doc, load_hub,
+from data.shards import (SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, default_source, encode_doc, load_hub,
                          prepared_meta, write_dataset)
 
 RAW_FILES = {"train": "wiki.train.raw", "validation": "wiki.valid.raw", "test": "wiki.test.raw"}
@@ -113,7 +112,7 @@ def prepare_hub(out_dir, *, num_proc=1, force=False):
 
 def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("--source", default="auto",
                         help="a directory with wiki.{train,valid,test}.raw, 'hub', or 'auto': <out_dir>/raw/ if it "
                              "exists, else hub")
