@@ -654,9 +654,9 @@ def train(argv):
             say("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now)")
         previous_handler = signal.signal(signal.SIGINT, on_sigint)
 
+    bar = tqdm(total=cfg.max_iters, initial=step, disable=not master, dynamic_ncols=True,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0)
     try:
-        bar = tqdm(total=cfg.max_iters, initial=step, disable=not master, dynamic_ncols=True,
-                   mininterval=1.0 if sys.stderr.isatty() else 30.0)
         model.train()
         aux_sum, aux_count, t0 = {}, 0, time.time()
         while step < cfg.max_iters:
@@ -690,7 +690,6 @@ def train(argv):
                 loss_sum /= world_size
             loss_value = float(loss_sum)
             if not math.isfinite(loss_value):
-                bar.close()
                 raise UserError(f"loss is {loss_value} at step {step + 1}: stopping before the update. The last good "
                                 f"checkpoint is {out_dir / 'ckpt.pt'} (try a lower learning_rate or --dtype=float32)")
             if cfg.grad_clip > 0:
@@ -735,9 +734,9 @@ def train(argv):
                 if cfg.always_save_checkpoint or is_best:
                     save(is_best)
                 t0 = time.time()                                  # do not count eval time as training time
+    finally:
         bar.close()
-    finally:                                                 # a finished run leaves Ctrl-C as it was
-        if previous_handler is not None:
+        if previous_handler is not None:                     # a finished run leaves Ctrl-C as it was
             signal.signal(signal.SIGINT, previous_handler)
     if master:
         log_file.close()
