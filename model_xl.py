@@ -140,6 +140,7 @@ def sample_next(logits, temperature=1.0, top_k=None):
 # Relative attention
 
 
+# Copied from model_xl.py (rel_shift)
 def rel_shift(x):
     """The rel-shift trick of the Transformer-XL code (its appendix B computes the same thing).
 

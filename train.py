@@ -68,6 +68,7 @@ class TrainConfig:
     eval_seg_len: int = 0              # 0 = seg_len
     eval_mem_len: int = -1             # -1 = mem_len (the model's own memory length)
     eval_only: bool = False            # evaluate the checkpoint in out_dir and exit
+    eval_reset_memory: bool = False    # empty the memory before every eval segment (how much does it carry?)
     always_save_checkpoint: bool = True  # save at every eval, not only when the validation loss improves
     log_interval: int = 10             # steps between log.jsonl lines
     # system
@@ -438,6 +439,8 @@ def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=N
                 x[b, :n] = torch.from_numpy(data[a:a + n].astype(np.int64))
                 y[b, :n] = torch.from_numpy(data[a + 1:a + 1 + n].astype(np.int64))
         x, y = x.to(device), y.to(device)
+        if cfg.eval_reset_memory:
+            memory = model.reset_memory(memory, torch.ones(B, dtype=torch.bool, device=device))
         with ctx:
             logits, _, memory, _ = model(x, memory)
         nll += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1),

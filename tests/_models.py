@@ -1,0 +1,18 @@
+"""Tiny configurations of every model, for the tests that run train.py / sample.py over every model file
+(tests/test_models_train.py). One entry per model variant: 'model' names model_<model>.py, the rest are its Config
+fields. Every architecture field that matters is given, so nothing depends on the paper-sized defaults.
+A variant whose model file is not in the repository is skipped."""
+
+TINY_XL = dict(vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32, seg_len=8, mem_len=16,
+               dropout=0.0, dropatt=0.0)
+
+TINY_MODELS = {
+    'xl': dict(model='xl', **TINY_XL),
+    'xl_lookahead': dict(model='xl', **TINY_XL, lookahead=True),
+    'compressive': dict(model='compressive', vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32,
+                        seg_len=8, mem_len=8, cmem_len=8, compression_rate=2, dropout=0.0, dropatt=0.0),
+    'infini': dict(model='infini', vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32, seg_len=8,
+                   dropout=0.0),
+    'infformer': dict(model='infformer', vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32,
+                      seg_len=8, mem_len=8, n_basis=16, n_samples=16, dropout=0.0, dropatt=0.0),
+}
