@@ -77,7 +77,7 @@ def test_loss_falls_on_a_tiny_corpus(trained):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 2. Exact resume
+# 2. Exact resume (of every model file: tests/test_models_train.py; here the SIGINT path)
 
 
 def resume_dataset(path):
@@ -94,26 +94,6 @@ RESUME = dict(batch_size=2, gradient_accumulation_steps=2, bptt_segments=2, rese
 
 def comparable(ckpt):
     return {k: v for k, v in ckpt.items() if k != 'train_config'}
-
-
-def test_resume_is_exact(tmp_path):
-    """6 steps straight == 3 steps, stop, resume to 6: weights, optimizer, memory, data position, RNG, and every
-    logged loss are bit-identical (dropout on, 2 micro-batches, BPTT over 2 segments, resets at documents)."""
-    data = resume_dataset(tmp_path / 'data')
-    straight, split = tmp_path / 'straight', tmp_path / 'split'
-    model = dict(TINY_XL, mem_len=12)
-    train.train(flags(data, straight, model, max_iters=6, **RESUME))
-    train.train(flags(data, split, model, max_iters=3, **RESUME))
-    half = load(split / 'ckpt.pt')
-    assert half['step'] == 3 and half['data_position'] == 6
-    train.train(flags(data, split, model, max_iters=6, init_from='resume', **RESUME))
-    a, b = load(straight / 'ckpt.pt'), load(split / 'ckpt.pt')
-    assert a['step'] == 6 and a['data_position'] == 12
-    assert_identical(comparable(a), comparable(b))
-
-    def losses(out_dir):
-        return [(r['step'], r.get('train/loss'), r.get('validation/loss')) for r in read_log(out_dir)]
-    assert losses(straight) == losses(split)
 
 
 def test_sigint_saves_a_checkpoint_and_exits_0_then_resumes(tmp_path, data_dir):
@@ -368,52 +348,8 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(trained, data_dir, tmp_path, m
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 7. DDP with gloo on CPU, 8. torch.compile
-
-
-def test_ddp_two_processes_on_cpu(data_dir, tmp_path):
-    out_dir = tmp_path / 'out'
-    proc = run_python(['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']
-                      + flags(data_dir, out_dir, max_iters=3, gradient_accumulation_steps=2), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ckpt = load(out_dir / 'ckpt.pt')
-    assert ckpt['step'] == 3 and ckpt['world_size'] == 2 and ckpt['data_position'] == 3
-    assert not [k for k in ckpt['model'] if k.startswith(('module.', '_orig_mod.'))]
-    assert len(ckpt['memory']) == 2                                  # one per micro-batch
-    for memory in ckpt['memory']:
-        assert memory['mem'].shape == (2, 1, 2, TINY_XL['mem_len'], TINY_XL['n_embd'])   # (ranks, L, B, M, C)
-        assert not torch.equal(memory['mem'][0], memory['mem'][1])   # each rank its own streams
-    assert not torch.equal(ckpt['memory'][0]['mem'], ckpt['memory'][1]['mem'])
-    assert ckpt['rng']['cpu'].shape[0] == 2 and not torch.equal(*ckpt['rng']['cpu'])
-    log = read_log(out_dir)
-    assert [r['step'] for r in log if 'train/loss' in r] == [1, 2, 3]   # written once, by rank 0
-    assert [r['validation/tokens'] for r in log if 'validation/tokens' in r] == [299]   # split over the ranks
-
-
-def test_compile_runs_with_a_single_compilation(data_dir, tmp_path, monkeypatch):
-    """3 steps with the memory filling from empty (mem_len 16, seg_len 8: 0 -> 8 -> 16 valid slots): shapes and
-    strides of the memory never change, so dynamo compiles the model once. (Dynamo guards on strides too: a
-    memory that comes back as a strided view of a larger buffer recompiles on the second step.)"""
-    import torch._dynamo
-    from torch._dynamo.utils import counters
-    torch._dynamo.reset()
-    counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, 'error_on_recompile', True)
-    try:
-        result = train.train(flags(data_dir, tmp_path / 'out', max_iters=3, compile=True, eval_tokens=16,
-                                   dropout=0.1))                       # the paper's (and Config's) dropout
-        assert result['step'] == 3
-        assert counters['stats']['unique_graphs'] == 1, dict(counters['stats'])
-    finally:
-        torch._dynamo.reset()
-    ckpt = load(tmp_path / 'out' / 'ckpt.pt')
-    assert ckpt['train_config']['compile'] is True
-    assert not [k for k in ckpt['model'] if '_orig_mod' in k]
-    assert ckpt['memory'][0]['length'].tolist() == [[16, 16]]
-
-
 # -----------------------------------------------------------------------------------------------------------
-# 9. Generic machinery, with a stand-in model
+# 7. Generic machinery, with a stand-in model
 
 
 @pytest.fixture
@@ -549,7 +485,7 @@ def test_memory_is_reset_at_epoch_wrap_and_document_starts(reset_at_doc, standin
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 10. Data order and evaluation
+# 8. Data order and evaluation
 
 
 def test_stream_loader_rows_are_contiguous_disjoint_streams():
@@ -690,7 +626,7 @@ def test_eval_with_a_longer_memory_than_training(trained):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 11. Flags and config files
+# 9. Flags and config files
 
 
 def test_config_file_then_flags(tmp_path):
