@@ -505,40 +505,27 @@ def setup_device(cfg):
     return ddp, rank, world_size, device, device_type, resolve_dtype(cfg.dtype, device_type)
 
 
-def train(argv):
-    cfg, module, model_cfg, given = parse_args(argv)
-    ddp, rank, world_size, device, device_type, dtype = setup_device(cfg)
-    master = rank == 0
-    from tqdm import tqdm
-    say = tqdm.write if master else (lambda *a, **k: None)      # prints above the progress bar
-    out_dir = Path(cfg.out_dir)
-    data_dir = Path(cfg.data_dir or REPO / 'data' / cfg.dataset)
+def build_model(cfg, module, model_cfg, given, path, device):
+    """The model to train: a fresh one, or (--init_from=resume, --eval_only) the checkpoint's. On resume the
+    architecture comes from the checkpoint and flags may not contradict it; --eval_only may change model flags
+    that keep the weights (clamp_len, same_length, mem_len, ...). -> (model_cfg, model, checkpoint or None)"""
+    if cfg.init_from != 'resume' and not cfg.eval_only:
+        return model_cfg, module.Model(model_cfg), None
+    ckpt = load_checkpoint(path, device)
+    if ckpt['model_name'] != cfg.model:
+        raise UserError(f"{path} holds a {ckpt['model_name']!r} model, not --model={cfg.model}")
+    saved = ckpt['model_config']
+    clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k)]
+    if clash and not cfg.eval_only:
+        k = clash[0]
+        raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts the checkpoint ({k}={saved[k]}); "
+                        f"the architecture is fixed on resume")
+    _, model_cfg, model = model_from_checkpoint(ckpt, path, {k: getattr(model_cfg, k) for k in clash})
+    return model_cfg, model, ckpt
 
-    torch.manual_seed(cfg.seed + rank)
 
-    # ---- resume: the architecture comes from the checkpoint; flags may not contradict it
-    ckpt = None
-    if cfg.init_from == 'resume' or cfg.eval_only:
-        ckpt = load_checkpoint(out_dir / 'ckpt.pt', device)
-        if ckpt['model_name'] != cfg.model:
-            raise UserError(f"{out_dir / 'ckpt.pt'} holds a {ckpt['model_name']!r} model, not --model={cfg.model}")
-        saved = ckpt['model_config']
-        clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k)]
-        if clash and not cfg.eval_only:
-            k = clash[0]
-            raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts the checkpoint ({k}={saved[k]}); "
-                            f"the architecture is fixed on resume")
-        # --eval_only may change model flags that keep the weights (clamp_len, same_length, mem_len, ...)
-        overrides = {k: getattr(model_cfg, k) for k in clash}
-        _, model_cfg, model = model_from_checkpoint(ckpt, out_dir / 'ckpt.pt', overrides)
-    else:
-        model = module.Model(model_cfg)
-
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    ctx = autocast_context(device_type, dtype)
-
-    # ---- data
+def load_data(cfg, model_cfg, data_dir, rank, world_size):
+    """This rank's StreamLoaders over the train split (one per micro-batch), the eval split and its word count."""
     train_data = load_split(data_dir, 'train')
     eval_data = load_split(data_dir, cfg.eval_split)
     meta = load_meta(data_dir)
@@ -551,45 +538,180 @@ def train(argv):
         if not docs_path.exists():
             raise UserError(f"--reset_at_doc=True needs {docs_path} (made by the dataset's prepare.py)")
         doc_starts = np.load(docs_path)
-    G, B, T = cfg.gradient_accumulation_steps, cfg.batch_size, model_cfg.seg_len
+    G, B = cfg.gradient_accumulation_steps, cfg.batch_size
     n_streams = world_size * G * B
-    loaders = [StreamLoader(train_data, n_streams, (rank * G + g) * B, B, T, doc_starts) for g in range(G)]
-    tokens_per_step = n_streams * T * cfg.bptt_segments
+    loaders = [StreamLoader(train_data, n_streams, (rank * G + g) * B, B, model_cfg.seg_len, doc_starts)
+               for g in range(G)]
+    return loaders, eval_data, eval_words
 
-    model.to(device)
-    raw_model = model
+
+@dataclass
+class TrainState:
+    """What a checkpoint restores besides the weights, the optimizer and the grad scaler."""
+    step: int = 0
+    position: int = 0                  # segments read by every stream
+    best_val_loss: float = float('inf')
+    memories: list = None              # one Memory per micro-batch
+
+
+def restore(ckpt, state, optimizer, scaler, cfg, rank, world_size, device_type):
+    """Continue exactly where the checkpoint stopped: optimizer, scaler, position, memories, RNG."""
+    layout = (ckpt['world_size'], ckpt['train_config']['gradient_accumulation_steps'],
+              ckpt['train_config']['batch_size'])
+    if layout != (world_size, cfg.gradient_accumulation_steps, cfg.batch_size):
+        raise UserError(f"the checkpoint's streams were world_size, gradient_accumulation_steps, batch_size = "
+                        f"{layout}; resume with the same values (now "
+                        f"{(world_size, cfg.gradient_accumulation_steps, cfg.batch_size)})")
+    optimizer.load_state_dict(ckpt['optimizer'])
+    scaler.load_state_dict(ckpt['scaler'])
+    state.step, state.position, state.best_val_loss = ckpt['step'], ckpt['data_position'], ckpt['best_val_loss']
+    state.memories = [memory_from_dict(m, {k: v[rank] for k, v in stored.items()})
+                      for m, stored in zip(state.memories, ckpt['memory'])]
+    torch.set_rng_state(ckpt['rng']['cpu'][rank].cpu())
+    if device_type == 'cuda' and 'cuda' in ckpt['rng']:
+        torch.cuda.set_rng_state(ckpt['rng']['cuda'][rank].cpu())
+
+
+def checkpoint_state(cfg, model_cfg, model, optimizer, scaler, state, world_size, device, device_type):
+    """Everything to continue exactly, as tensors and plain values. Collective under DDP: every rank calls it
+    (memories and RNG states are gathered from all ranks)."""
+    rng = {'cpu': gather_stacked(torch.get_rng_state().to(device), world_size).cpu()}
+    if device_type == 'cuda':
+        rng['cuda'] = gather_stacked(torch.cuda.get_rng_state().to(device), world_size).cpu()
+    return {
+        'format': CKPT_FORMAT,
+        'model_name': cfg.model,
+        'model_config': asdict(model_cfg),
+        'train_config': asdict(cfg),
+        'model': model.state_dict(),
+        'optimizer': optimizer.state_dict(),
+        'scaler': scaler.state_dict(),
+        'step': state.step,
+        'data_position': state.position,
+        'best_val_loss': state.best_val_loss,
+        'world_size': world_size,
+        'rng': rng,
+        'memory': [{k: gather_stacked(v, world_size).cpu() for k, v in memory_to_dict(m).items()}
+                   for m in state.memories],
+    }
+
+
+class AuxMeter:
+    """Means of the model's aux values (floats, or tensors such as a gate per head) between two log lines."""
+
+    def __init__(self):
+        self.sums, self.count = {}, 0
+
+    def add(self, aux):
+        for k, v in aux.items():
+            v = v.detach().float() if torch.is_tensor(v) else float(v)
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.count += 1
+
+    def pop(self):
+        """{'train/name': mean} (a list for a vector), and start over."""
+        out = {}
+        for k, v in self.sums.items():
+            v = v / self.count
+            out[f'train/{k}'] = v.flatten().tolist() if torch.is_tensor(v) and v.numel() > 1 else float(v)
+        self.sums, self.count = {}, 0
+        return out
+
+
+def train_step(model, raw_model, loaders, state, optimizer, scaler, cfg, ctx, device, ddp, world_size, aux_meter):
+    """One optimizer step: every micro-batch reads bptt_segments segments with the graph kept, backpropagates,
+    and detaches its memory (truncated backprop through time). Returns the mean loss; a NaN/inf loss stops the
+    run before the update."""
+    G = len(loaders)
+    loss_sum = 0.0
+    for g in range(G):
+        sync = not ddp or g == G - 1                           # all-reduce gradients on the last micro-batch only
+        with (nullcontext() if sync else model.no_sync()):
+            total = 0.0
+            for s in range(cfg.bptt_segments):
+                x, y, reset = loaders[g].get(state.position + s)
+                if reset.any():
+                    state.memories[g] = raw_model.reset_memory(state.memories[g], reset.to(device))
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with ctx:
+                    _, loss, state.memories[g], aux = model(x, state.memories[g], y)
+                total = total + loss
+                aux_meter.add(aux)
+            total = total / (G * cfg.bptt_segments)
+            scaler.scale(total).backward()
+            state.memories[g] = detach_memory(state.memories[g])
+            loss_sum += total.detach()
+    if ddp:                                                    # the mean over ranks: every rank sees a NaN
+        torch.distributed.all_reduce(loss_sum)
+        loss_sum /= world_size
+    loss_value = float(loss_sum)
+    if not math.isfinite(loss_value):
+        raise UserError(f"loss is {loss_value} at step {state.step + 1}: stopping before the update. The last good "
+                        f"checkpoint is {Path(cfg.out_dir) / 'ckpt.pt'} (try a lower learning_rate or "
+                        f"--dtype=float32)")
+    if cfg.grad_clip > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.position += cfg.bptt_segments
+    return loss_value
+
+
+class SigintHandler:
+    """Ctrl-C asks the loop to finish the current step, save and exit; a second Ctrl-C stops at once. Restores
+    the previous handler on close (not installed under DDP, where torchrun owns signals)."""
+
+    def __init__(self, enabled, say):
+        self.requested, self.say, self.previous = False, say, None
+        if enabled:
+            self.previous = signal.signal(signal.SIGINT, self)
+
+    def __call__(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.say("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now)")
+
+    def close(self):
+        if self.previous is not None:                          # a finished run leaves Ctrl-C as it was
+            signal.signal(signal.SIGINT, self.previous)
+
+
+def train(argv):
+    cfg, module, model_cfg, given = parse_args(argv)
+    ddp, rank, world_size, device, device_type, dtype = setup_device(cfg)
+    master = rank == 0
+    from tqdm import tqdm
+    say = tqdm.write if master else (lambda *a, **k: None)      # prints above the progress bar
+    out_dir = Path(cfg.out_dir)
+    torch.manual_seed(cfg.seed + rank)
+    model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, out_dir / 'ckpt.pt', device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    ctx = autocast_context(device_type, dtype)
+    loaders, eval_data, eval_words = load_data(cfg, model_cfg, Path(cfg.data_dir or REPO / 'data' / cfg.dataset),
+                                               rank, world_size)
+    raw_model = model.to(device)
     optimizer = configure_optimizer(raw_model, cfg, device_type)
     scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-    memories = [raw_model.init_memory(B, device) for _ in range(G)]
-    step, position, best_val_loss = 0, 0, float('inf')
-
+    state = TrainState(memories=[raw_model.init_memory(cfg.batch_size, device) for _ in loaders])
     if ckpt is not None and not cfg.eval_only:
-        layout = (ckpt['world_size'], ckpt['train_config']['gradient_accumulation_steps'],
-                  ckpt['train_config']['batch_size'])
-        if layout != (world_size, G, B):
-            raise UserError(f"the checkpoint's streams were world_size, gradient_accumulation_steps, batch_size = "
-                            f"{layout}; resume with the same values (now {(world_size, G, B)})")
-        optimizer.load_state_dict(ckpt['optimizer'])
-        scaler.load_state_dict(ckpt['scaler'])
-        step, position, best_val_loss = ckpt['step'], ckpt['data_position'], ckpt['best_val_loss']
-        memories = [memory_from_dict(m, {k: v[rank] for k, v in stored.items()})
-                    for m, stored in zip(memories, ckpt['memory'])]
-        torch.set_rng_state(ckpt['rng']['cpu'][rank].cpu())
-        if device_type == 'cuda' and 'cuda' in ckpt['rng']:
-            torch.cuda.set_rng_state(ckpt['rng']['cuda'][rank].cpu())
+        restore(ckpt, state, optimizer, scaler, cfg, rank, world_size, device_type)
     elif ckpt is not None:
-        step = ckpt['step']                                      # --eval_only: report which step was evaluated
+        state.step = ckpt['step']                                # --eval_only: report which step was evaluated
     ckpt = None                                                  # free it
 
     def run_eval():
-        return evaluate(raw_model, eval_data, cfg, model_cfg, ctx, device, rank, world_size, eval_words)
+        result = evaluate(raw_model, eval_data, cfg, model_cfg, ctx, device, rank, world_size, eval_words)
+        return result, {'step': state.step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}}
 
     if cfg.eval_only:
-        result = run_eval()
-        say(json.dumps({'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}}))
-        if ddp:
-            torch.distributed.barrier()                          # nobody leaves while another rank still works
-            torch.distributed.destroy_process_group()
+        result, record = run_eval()
+        say(json.dumps(record))
+        finish_ddp(ddp)
         return result
 
     if cfg.compile is None:
@@ -599,7 +721,6 @@ def train(argv):
     if ddp:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[int(device.split(':')[1])]
                                                           if device_type == 'cuda' else None)
-
     out_dir.mkdir(parents=True, exist_ok=True)
     log_file = open(out_dir / 'log.jsonl', 'a') if master else None
 
@@ -608,146 +729,80 @@ def train(argv):
             log_file.write(json.dumps(record) + '\n')
             log_file.flush()
 
-    def checkpoint_state():
-        rng = {'cpu': gather_stacked(torch.get_rng_state().to(device), world_size).cpu()}
-        if device_type == 'cuda':
-            rng['cuda'] = gather_stacked(torch.cuda.get_rng_state().to(device), world_size).cpu()
-        return {
-            'format': CKPT_FORMAT,
-            'model_name': cfg.model,
-            'model_config': asdict(model_cfg),
-            'train_config': asdict(cfg),
-            'model': raw_model.state_dict(),
-            'optimizer': optimizer.state_dict(),
-            'scaler': scaler.state_dict(),
-            'step': step,
-            'data_position': position,
-            'best_val_loss': best_val_loss,
-            'world_size': world_size,
-            'rng': rng,
-            'memory': [{k: gather_stacked(v, world_size).cpu() for k, v in memory_to_dict(m).items()}
-                       for m in memories],
-        }
-
     def save(is_best):
-        state = checkpoint_state()                              # collective under DDP: every rank takes part
+        ckpt = checkpoint_state(cfg, model_cfg, raw_model, optimizer, scaler, state, world_size, device,
+                                device_type)
         if master:
-            save_checkpoint(state, out_dir / 'ckpt.pt')
+            save_checkpoint(ckpt, out_dir / 'ckpt.pt')
             if is_best:
-                save_checkpoint(state, out_dir / 'best.pt')
+                save_checkpoint(ckpt, out_dir / 'best.pt')
 
-    n_params = raw_model.num_params() if hasattr(raw_model, 'num_params') else sum(
-        p.numel() for p in raw_model.parameters())
-    say(f"model {cfg.model}: {n_params / 1e6:.2f}M parameters | device {device} {dtype}"
-        f"{' compiled' if cfg.compile else ''} | world {world_size}")
-    say(f"tokens per step: {tokens_per_step:,} = {world_size} ranks x {G} micro x {B} streams x "
-        f"{cfg.bptt_segments} segments x {T} | data: {len(train_data):,} train tokens, "
-        f"{loaders[0].n_segments:,} segments per stream per epoch")
-    flops_per_token = raw_model.flops_per_token() if hasattr(raw_model, 'flops_per_token') else 6 * n_params
+    tokens_per_step = world_size * len(loaders) * cfg.batch_size * cfg.bptt_segments * model_cfg.seg_len
+    flops_per_token = announce(raw_model, cfg, model_cfg, loaders, world_size, device, dtype, say)
     peak = peak_flops(device_type)
-
-    # Ctrl-C finishes the current step, saves, and exits (a second Ctrl-C stops at once)
-    stop = {'requested': False}
-    previous_handler = None
-    if not ddp:
-        def on_sigint(signum, frame):
-            if stop['requested']:
-                raise KeyboardInterrupt
-            stop['requested'] = True
-            say("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now)")
-        previous_handler = signal.signal(signal.SIGINT, on_sigint)
-
-    bar = tqdm(total=cfg.max_iters, initial=step, disable=not master, dynamic_ncols=True,
+    sigint = SigintHandler(enabled=not ddp, say=say)
+    bar = tqdm(total=cfg.max_iters, initial=state.step, disable=not master, dynamic_ncols=True,
                mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    aux_meter = AuxMeter()
     try:
         model.train()
-        aux_sum, aux_count, t0 = {}, 0, time.time()
-        while step < cfg.max_iters:
-            lr = get_lr(step, cfg)
+        t0 = time.time()
+        while state.step < cfg.max_iters:
+            lr = get_lr(state.step, cfg)
             for group in optimizer.param_groups:
                 group['lr'] = lr * group['lr_mult']
-
-            loss_sum = 0.0
-            for g in range(G):
-                sync = not ddp or g == G - 1                       # all-reduce gradients on the last micro-batch only
-                with (nullcontext() if sync else model.no_sync()):
-                    total = 0.0
-                    for s in range(cfg.bptt_segments):
-                        x, y, reset = loaders[g].get(position + s)
-                        if reset.any():
-                            memories[g] = raw_model.reset_memory(memories[g], reset.to(device))
-                        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                        with ctx:
-                            _, loss, memories[g], aux = model(x, memories[g], y)
-                        total = total + loss
-                        for k, v in aux.items():              # floats or tensors (e.g. a gate per head)
-                            v = v.detach().float() if torch.is_tensor(v) else float(v)
-                            aux_sum[k] = aux_sum.get(k, 0.0) + v
-                        aux_count += 1
-                    total = total / (G * cfg.bptt_segments)
-                    scaler.scale(total).backward()
-                    memories[g] = detach_memory(memories[g])      # truncate backprop through time here
-                    loss_sum += total.detach()
-            if ddp:                                                # the mean over ranks: every rank sees a NaN
-                torch.distributed.all_reduce(loss_sum)
-                loss_sum /= world_size
-            loss_value = float(loss_sum)
-            if not math.isfinite(loss_value):
-                raise UserError(f"loss is {loss_value} at step {step + 1}: stopping before the update. The last good "
-                                f"checkpoint is {out_dir / 'ckpt.pt'} (try a lower learning_rate or --dtype=float32)")
-            if cfg.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            position += cfg.bptt_segments
-
-            dt = time.time() - t0
+            loss = train_step(model, raw_model, loaders, state, optimizer, scaler, cfg, ctx, device, ddp,
+                              world_size, aux_meter)
+            tokens_per_sec = tokens_per_step / (time.time() - t0)
             t0 = time.time()
-            tokens_per_sec = tokens_per_step / dt
             mfu = flops_per_token * tokens_per_sec / (peak * world_size) if peak else None
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
                             **({'mfu': f"{100 * mfu:.1f}%"} if mfu else {}), refresh=False)
-            if step % cfg.log_interval == 0:
-                record = {'step': step, 'train/loss': loss_value, 'lr': lr, 'tokens_per_sec': tokens_per_sec,
-                          'tokens': step * tokens_per_step}
-                for k, v in aux_sum.items():
-                    v = v / aux_count
-                    record[f'train/{k}'] = v.flatten().tolist() if torch.is_tensor(v) and v.numel() > 1 else float(v)
-                if mfu:
-                    record['mfu'] = mfu
-                log(record)
-                aux_sum, aux_count = {}, 0
-
-            if stop['requested']:
+            if state.step % cfg.log_interval == 0:
+                log({'step': state.step, 'train/loss': loss, 'lr': lr, 'tokens_per_sec': tokens_per_sec,
+                     'tokens': state.step * tokens_per_step, **aux_meter.pop(), **({'mfu': mfu} if mfu else {})})
+            if sigint.requested:
                 save(is_best=False)
-                say(f"saved {out_dir / 'ckpt.pt'} at step {step}; continue with --init_from=resume")
+                say(f"saved {out_dir / 'ckpt.pt'} at step {state.step}; continue with --init_from=resume")
                 break
-            if step % cfg.eval_interval == 0 or step == cfg.max_iters:
-                result = run_eval()
-                is_best = result['loss'] < best_val_loss
-                best_val_loss = min(best_val_loss, result['loss'])
+            if state.step % cfg.eval_interval == 0 or state.step == cfg.max_iters:
+                result, record = run_eval()
+                is_best = result['loss'] < state.best_val_loss
+                state.best_val_loss = min(state.best_val_loss, result['loss'])
                 words = f", word ppl {result['word_ppl']:.2f}" if 'word_ppl' in result else ''
-                say(f"step {step}: {cfg.eval_split} loss {result['loss']:.4f}, ppl {result['ppl']:.2f}{words}"
+                say(f"step {state.step}: {cfg.eval_split} loss {result['loss']:.4f}, ppl {result['ppl']:.2f}{words}"
                     f" ({result['tokens']:,} tokens)")
-                log({'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}})
+                log(record)
                 if cfg.always_save_checkpoint or is_best:
                     save(is_best)
                 t0 = time.time()                                  # do not count eval time as training time
     finally:
         bar.close()
-        if previous_handler is not None:                     # a finished run leaves Ctrl-C as it was
-            signal.signal(signal.SIGINT, previous_handler)
+        sigint.close()
     if master:
         log_file.close()
-        say(f"done: step {step}, best {cfg.eval_split} loss {best_val_loss:.4f}, checkpoint in {out_dir}")
+        say(f"done: step {state.step}, best {cfg.eval_split} loss {state.best_val_loss:.4f}, checkpoint in {out_dir}")
+    finish_ddp(ddp)
+    return {'step': state.step, 'best_val_loss': state.best_val_loss}
+
+
+def announce(model, cfg, model_cfg, loaders, world_size, device, dtype, say):
+    """Print the model and the batch once; return the training FLOPs per token (for MFU)."""
+    n_params = model.num_params() if hasattr(model, 'num_params') else sum(p.numel() for p in model.parameters())
+    G, B, T = len(loaders), cfg.batch_size, model_cfg.seg_len
+    say(f"model {cfg.model}: {n_params / 1e6:.2f}M parameters | device {device} {dtype}"
+        f"{' compiled' if cfg.compile else ''} | world {world_size}")
+    say(f"tokens per step: {world_size * G * B * cfg.bptt_segments * T:,} = {world_size} ranks x {G} micro x "
+        f"{B} streams x {cfg.bptt_segments} segments x {T} | data: {len(loaders[0].data):,} train tokens, "
+        f"{loaders[0].n_segments:,} segments per stream per epoch")
+    return model.flops_per_token() if hasattr(model, 'flops_per_token') else 6 * n_params
+
+
+def finish_ddp(ddp):
     if ddp:
         torch.distributed.barrier()                              # rank 0 may still be writing the checkpoint
         torch.distributed.destroy_process_group()
-    return {'step': step, 'best_val_loss': best_val_loss}
 
 
 def run_cli(fn, argv=None):
