@@ -1,0 +1,674 @@
+"""
+∞-former (Martins, Marinho and Martins, 2022, "∞-former: Infinite Memory Transformer", ACL, arXiv 2109.00301),
+in one file.
+
+A Transformer-XL (short-term memory, STM: the last `mem_len` hidden states of every layer, relative positions)
+whose attention also reads a continuous long-term memory (LTM) of fixed size, however long the text:
+  §3.1 Continuous attention. The LTM of a layer is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1], where ψ are N Gaussian
+       RBFs and B (N × e) is fitted by ridge regression to the vectors it stores (Eq. 5, Bᵀ = XᵀG). Each head
+       reads it with a Gaussian density N(t; μ, σ²) whose μ, σ² come from its query's scores against the keys
+       K = B W^K (Eq. 7); the value is E_p[V̄(t)] = Vᵀ E_p[ψ(t)], V = B W^V, in closed form (Eq. 8).
+       The LTM's output is added to the STM attention's before the residual: Z = Z_T + Z_LTM (Eq. 9).
+  §3.2 Unbounded memory. The vectors that leave the STM enter the LTM: the old signal is evaluated at M =
+       `n_samples` points, squeezed into [0, τ] (Eqs. 10-12), the new vectors go into ]τ, 1], and one ridge
+       regression over both gives the new B (Eq. 13). B's size never changes.
+  §3.3 Sticky memories (`sticky=True`). The M points are drawn from a histogram of the attention the previous
+       step paid to each of D bins of [0, 1] (Eqs. 14-15), so the regions that were read keep more room.
+  §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 16); a KL term pulls every
+       attention density's σ² toward σ₀² (Eqs. 17-18, weight `kl_weight`).
+Equation numbers follow the arXiv v3 text (the seed copy in the repository lost the display equations, so they
+are counted in order of appearance: Eq. 5 ridge, 6-9 §3.1, 10-13 §3.2, 14-15 §3.3, 16-19 §3.4).
+
+Reading order: Config → Memory → small blocks (copied between model files on purpose) → the basis functions and
+the ridge regression → continuous (LTM) attention → relative attention with the LTM → block → model (init, LTM
+write, forward, memory update, generate).
+
+Deliberate deviations (also in the README):
+  - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.
+  - The μ/σ² networks are affine maps (with bias, as the paper says "affine"; the authors' code has no bias).
+  - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge).
+  - The randomness of sticky memories comes from torch's global RNG, which train.py seeds from --seed and saves in
+    every checkpoint, so runs reproduce and resume bit-exactly (a private torch.Generator would not be saved).
+  - State lives in fixed-shape tensors: the STM buffer also holds the `seg_len` vectors that left it at the last
+    step (the authors' "augment" part of mems), and a per-count table of ridge matrices lets a row write however
+    many of them are valid, so fresh streams, short last segments and generate() need no special cases.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    # Defaults: the paper's WikiText-103 model trained from scratch (Transformer-XL base, STM 150, N = 150).
+    vocab_size: int = 50304   # GPT-2's 50257 padded to a multiple of 64
+    n_layer: int = 16
+    n_head: int = 10
+    n_embd: int = 410         # d_model (the e of the paper's B ∈ R^{N×e})
+    d_head: int = 41
+    d_inner: int = 2100
+    dropout: float = 0.1
+    dropatt: float = 0.0
+    seg_len: int = 150        # tokens per segment (L); also how many vectors can leave the STM per step
+    mem_len: int = 150        # short-term memory (STM) positions per layer
+    clamp_len: int = 0        # relative distances above this share one embedding; 0 = no clamp
+    pre_lnorm: bool = False
+    untie_r: bool = True
+    init_std: float = 0.02
+    use_sdpa: bool = True
+    # long-term memory (LTM)
+    ltm: bool = True                 # False: no LTM term (the STM-only comparison; keeps the weights)
+    n_basis: int = 150               # N Gaussian RBFs: centres evenly over [0, 1] crossed with the widths
+    basis_widths: str = '0.005,0.01'  # σ_j of the RBFs: {0.005, 0.01} for LM, {0.01, 0.05} for sorting
+    ridge_lambda: float = 0.5        # λ of the ridge regression (Eq. 5); the authors use 0.5 (LM) and 1 (sorting)
+    unbounded: bool = True           # §3.2: keep the old signal (False: each write replaces B, §3.1 alone)
+    tau: float = 0.5                 # τ: the old signal is squeezed into [0, τ] (0.5 LM, 0.75 sorting)
+    n_samples: int = 150             # M: points at which the old signal is evaluated
+    sticky: bool = False             # §3.3 sticky memories: sample the M points from the last attention
+    sticky_bins: int = 128           # D bins of the attention histogram
+    cnn_gate: bool = True            # §3.4: X̃ = sigmoid(Conv1d_k3(X)) ⊙ X before the regression
+    kl_weight: float = 1e-6          # λ_KL (the authors' runs); 0 = off
+    sigma_0: float = 0.05            # σ₀ of the KL prior N(μ, σ₀²)
+
+    def __post_init__(self):
+        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len', 'n_samples',
+                     'sticky_bins'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ('mem_len', 'clamp_len'):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ('dropout', 'dropatt'):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.n_embd % 2:
+            raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+        try:
+            self.widths = tuple(float(w) for w in self.basis_widths.split(','))
+        except ValueError:
+            raise ValueError(f"basis_widths must be comma-separated floats like '0.005,0.01', "
+                             f"got {self.basis_widths!r}") from None
+        if not all(w > 0 for w in self.widths):
+            raise ValueError(f"basis_widths must be > 0, got {self.basis_widths!r}")
+        if self.n_basis % len(self.widths) or self.n_basis < 2 * len(self.widths):
+            raise ValueError(f"n_basis must be a multiple of the number of basis_widths ({len(self.widths)}) and "
+                             f"give at least 2 centres, got {self.n_basis}")
+        if not 0.0 < self.tau < 1.0:
+            raise ValueError(f"tau must be in (0, 1), got {self.tau}")
+        for name in ('ridge_lambda', 'sigma_0'):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.kl_weight >= 0:
+            raise ValueError(f"kl_weight must be >= 0, got {self.kl_weight}")
+
+
+@dataclass
+class Memory:
+    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once.
+    S = seg_len + mem_len slots per layer: the last mem_len are the STM; the first seg_len hold the vectors that
+    left the STM at the last step, which enter the LTM at the start of the next step."""
+    mem: torch.Tensor          # (n_layer, B, S, n_embd) each layer's input hidden states, oldest first
+    length: torch.Tensor       # (B,) int64, how many of the S slots (the most recent ones) are valid
+    ltm_pending: torch.Tensor  # (B,) int64, how many of the newest waiting slots (< seg_len) have not entered the LTM
+    ltm_B: torch.Tensor        # (n_layer, B, n_basis, n_embd) the LTM's coefficients B (Eq. 5)
+    ltm_written: torch.Tensor  # (B,) int64, 1 once something was written to the row's LTM (0: its term is masked)
+    ltm_hist: torch.Tensor     # (n_layer, B, sticky_bins) last step's attention histogram over [0, 1] (Eq. 14)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Small blocks. These are shared by design with the other model files, which copy them verbatim.
+
+# Copied from model_xl.py (PositionwiseFF)
+class PositionwiseFF(nn.Module):
+    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
+
+    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(n_embd)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, x):
+        if self.pre_lnorm:
+            return x + self.net(self.layer_norm(x))
+        return self.layer_norm(x + self.net(x))
+
+
+# Copied from model_xl.py (ScaledEmbedding)
+class ScaledEmbedding(nn.Module):
+    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
+    Its weight is tied to the output layer."""
+
+    def __init__(self, vocab_size, n_embd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
+        self.scale = n_embd ** 0.5
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight) * self.scale
+
+
+# Copied from model_xl.py (PositionalEmbedding)
+class PositionalEmbedding(nn.Module):
+    """The fixed sinusoid R of §3.3 (Vaswani et al.'s, without learnable parameters), evaluated at any positions."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, n_embd, 2.0) / n_embd))
+        self.register_buffer('inv_freq', inv_freq, persistent=False)
+
+    def forward(self, pos_seq):                                   # pos_seq: (K,) float
+        sinusoid = torch.outer(pos_seq, self.inv_freq)            # (K, n_embd/2)
+        return torch.cat([sinusoid.sin(), sinusoid.cos()], -1)    # (K, n_embd)
+
+
+# Copied from model_xl.py (sample_next)
+def sample_next(logits, temperature=1.0, top_k=None):
+    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
+    if temperature == 0.0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
+    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The continuous signal: Gaussian basis functions, ridge regression, and what the attention needs of them
+
+
+def at_least_float32(x):
+    """x in float32, or as it is when it is float64 (the densities and the regression are not done in bf16)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def gaussian_basis(n_basis, widths):
+    """Centres μ_j evenly over [0, 1] crossed with the widths σ_j (as the authors' meshgrid). -> (N,), (N,)"""
+    centres = torch.linspace(0.0, 1.0, n_basis // len(widths), dtype=torch.float64)
+    mu, sigma = torch.meshgrid(centres, torch.tensor(widths, dtype=torch.float64), indexing='ij')
+    return mu.flatten(), sigma.flatten()
+
+
+def evaluate_basis(t, basis_mu, basis_sigma):
+    """ψ_j(t) = N(t; μ_j, σ_j²) at positions t (...,) -> (..., N)."""
+    z = (t[..., None] - basis_mu) / basis_sigma
+    return torch.exp(-0.5 * z * z) / (basis_sigma * math.sqrt(2 * math.pi))
+
+
+def expected_basis(mu, sigma_sq, basis_mu, basis_sigma):
+    """E_{N(t; μ, σ²)}[ψ_j(t)] = N(μ; μ_j, σ² + σ_j²), in closed form (the integral of a product of Gaussians,
+    Eq. 8). mu, sigma_sq: (...,) -> (..., N)."""
+    var = sigma_sq[..., None] + basis_sigma ** 2
+    return torch.exp(-0.5 * (mu[..., None] - basis_mu) ** 2 / var) / torch.sqrt(2 * math.pi * var)
+
+
+def ridge_matrix(positions, basis_mu, basis_sigma, ridge_lambda, pad=True):
+    """Eq. 5: Bᵀ = Xᵀ Fᵀ(F Fᵀ + λI)⁻¹ = XᵀG, F = [ψ(t_1), ..., ψ(t_L)] (N × L). Returns G (L, N) in float64.
+    pad: as the authors, the regression also sees zero vectors on a grid of spacing 1/L that continues past both
+    ends of [0, 1] up to -0.5 and 1.5, so the fitted signal falls to zero outside [0, 1] instead of flaring up;
+    their rows of G are dropped (their X rows are zero)."""
+    positions = positions.to(torch.float64)
+    L = positions.numel()
+    n_pad = L // 2 if pad else 0
+    k = torch.arange(1, n_pad + 1, dtype=torch.float64)
+    padded = torch.cat([-(k.flip(0) - 0.5) / L, positions, 1.0 + (k - 0.5) / L])          # (L + 2 n_pad,)
+    F_ = evaluate_basis(padded, basis_mu, basis_sigma).T                                   # (N, L + 2 n_pad)
+    eye = torch.eye(F_.size(0), dtype=torch.float64)
+    G = F_.T @ torch.linalg.inv(F_ @ F_.T + ridge_lambda * eye)                           # (L + 2 n_pad, N)
+    return G[n_pad:n_pad + L]
+
+
+def ridge_tables(config):
+    """G for every number c = 0 .. seg_len of vectors a row writes at once, laid out over the seg_len waiting
+    slots (the newest c of them; rows of older slots are zero), so that a row's B is one matmul whatever c is.
+      first[c]:     (seg_len, N)            the c vectors alone, at positions (i + 1/2)/c in [0, 1] (Eq. 5)
+      unbounded[c]: (n_samples + seg_len, N)  M old samples at m τ/M in [0, τ] (Eq. 12), then the c new vectors
+                                              at τ + (1 - τ) l/c in ]τ, 1] (Eq. 13)
+    c = 0 is all zeros (nothing written)."""
+    A, Ms, N = config.seg_len, config.n_samples, config.n_basis
+    basis_mu, basis_sigma = gaussian_basis(N, config.widths)
+    first = torch.zeros(A + 1, A, N, dtype=torch.float64)
+    unbounded = torch.zeros(A + 1, Ms + A, N, dtype=torch.float64)
+    t_past = torch.arange(1, Ms + 1, dtype=torch.float64) * config.tau / Ms
+    for c in range(1, A + 1):
+        first[c, A - c:] = ridge_matrix((torch.arange(c, dtype=torch.float64) + 0.5) / c, basis_mu, basis_sigma,
+                                        config.ridge_lambda)
+        t_new = config.tau + (1 - config.tau) * torch.arange(1, c + 1, dtype=torch.float64) / c
+        G = ridge_matrix(torch.cat([t_past, t_new]), basis_mu, basis_sigma, config.ridge_lambda)
+        unbounded[c, :Ms], unbounded[c, Ms + A - c:] = G[:Ms], G[Ms:]
+    return first, unbounded
+
+
+def attention_histogram(mu, sigma_sq, n_bins):
+    """Eqs. 14-15: the Gaussian mass ∫_{d_j} N(t; μ, σ²) dt that the densities (B, H, T) put in each of n_bins
+    equal bins of [0, 1] (Normal CDF differences), summed over heads and queries. -> (B, n_bins), unnormalised."""
+    edges = torch.linspace(0.0, 1.0, n_bins + 1, device=mu.device, dtype=mu.dtype)
+    cdf = torch.special.ndtr((edges - mu[..., None]) / sigma_sq.sqrt()[..., None])   # (B, H, T, D+1)
+    return (cdf[..., 1:] - cdf[..., :-1]).sum(dim=(1, 2))                               # (B, D)
+
+
+def sample_sticky_points(hist, n_samples):
+    """§3.3: n_samples sorted points of [0, 1] drawn from the piecewise-constant density of the histogram hist
+    (B, D): inverse-CDF sampling of sorted uniforms, so a bin is picked with probability hist_j / Σ hist and the
+    point is uniform inside it. Uses torch's global RNG (seeded and checkpointed by train.py). -> (B, n_samples)"""
+    B, D = hist.shape
+    p = hist / hist.sum(-1, keepdim=True)                                   # (B, D)
+    cdf = torch.cat([p.new_zeros(B, 1), p.cumsum(-1)], dim=-1)              # (B, D+1)
+    u = torch.rand(B, n_samples, device=hist.device, dtype=hist.dtype).sort(dim=-1).values * cdf[:, -1:]
+    j = torch.searchsorted(cdf[:, 1:].contiguous(), u, right=True).clamp(max=D - 1)   # (B, n_samples) bin index
+    within = (u - cdf.gather(1, j)) / p.gather(1, j).clamp(min=1e-12)
+    return (j + within.clamp(0.0, 1.0)) / D
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Continuous attention over the LTM (§3.1) and the gate of the vectors that enter it (§3.4)
+
+
+class LongTermAttention(nn.Module):
+    """Each head reads the LTM signal with a Gaussian density; returns Z_LTM (Eq. 9) and the densities."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D, N = config.n_embd, config.n_head, config.d_head, config.n_basis
+        self.n_head, self.d_head = H, D
+        self.key_net = nn.Linear(C, H * D, bias=False)     # W^K
+        self.value_net = nn.Linear(C, H * D, bias=False)   # W^V
+        self.mu_affine = nn.Linear(N, 1)                   # μ = sigmoid(affine(K q / √d))       (Eq. 7)
+        self.sigma_affine = nn.Linear(N, 1)                # σ² = softplus(affine(K q / √d))
+        self.o_net = nn.Linear(H * D, C, bias=False)
+        self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
+        self.scale = 1.0 / math.sqrt(D)
+
+    def gated(self, x):
+        """Eq. 16: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1), smoothing X (B, L, C) before the regression."""
+        if self.gate is None:
+            return x
+        return torch.sigmoid(self.gate(x.transpose(1, 2))).transpose(1, 2) * x
+
+    def keys_values(self, ltm_B):
+        """K = B W^K, V = B W^V (Eq. 6): ltm_B (B, N, C) -> each (B, H, N, D)."""
+        Bsz, N, _ = ltm_B.shape
+        k = self.key_net(ltm_B).view(Bsz, N, self.n_head, self.d_head).transpose(1, 2)
+        v = self.value_net(ltm_B).view(Bsz, N, self.n_head, self.d_head).transpose(1, 2)
+        return k, v
+
+    def forward(self, q, k, v, basis_mu, basis_sigma):
+        """q: (B, H, T, D) the layer's own queries; k, v: (B, H, N, D). Returns Z_LTM (B, T, C) and μ, σ² (B, H, T)."""
+        Bsz, H, T, D = q.shape
+        scores = torch.einsum('bhid,bhnd->bhin', q, k) * self.scale                 # (B, H, T, N)  K q / √d
+        mu = at_least_float32(torch.sigmoid(self.mu_affine(scores)).squeeze(-1))   # (B, H, T)     Eq. 7
+        sigma_sq = at_least_float32(F.softplus(self.sigma_affine(scores)).squeeze(-1)).clamp(min=1e-4)
+        r = expected_basis(mu, sigma_sq, basis_mu, basis_sigma)                     # (B, H, T, N)  E_p[ψ(t)]
+        z = torch.einsum('bhin,bhnd->bhid', r.to(v.dtype), v)                       # (B, H, T, D)  Vᵀ E_p[ψ] (Eq. 8)
+        return self.o_net(z.transpose(1, 2).reshape(Bsz, T, H * D)), mu, sigma_sq
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Relative attention over the STM (Transformer-XL) plus the LTM term
+
+
+# Copied from model_xl.py (rel_shift)
+def rel_shift(x):
+    """The rel-shift trick of the Transformer-XL code (its appendix B computes the same thing).
+
+    In: x[..., i, c] = score of query i with the relative embedding of distance K-1-c (columns in the order of
+    R_{K-1}, ..., R_0). Out: y[..., i, j] = score of query i with distance (K-T+i) - j, i.e. the distance between
+    query i (which sits at position K-T+i of the K keys) and key j. Pad one zero column on the left, view the
+    (T, K+1) block as (K+1, T), drop the first row, view back as (T, K). Entries with j > K-T+i (keys in the
+    query's future) come out as garbage and must be masked, as they always are.
+    """
+    B, H, T, K = x.shape
+    x_padded = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1)    # (B, H, T, K+1)
+    x_padded = x_padded.view(B, H, K + 1, T)
+    return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
+
+
+class RelMultiHeadAttnLTM(nn.Module):
+    """model_xl.py's relative multi-head attention over [STM ; segment], plus Z_LTM before the residual (Eq. 9)."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.q_net = nn.Linear(C, H * D, bias=False)
+        self.kv_net = nn.Linear(C, 2 * H * D, bias=False)
+        self.r_net = nn.Linear(C, H * D, bias=False)
+        self.o_net = nn.Linear(H * D, C, bias=False)
+        self.layer_norm = nn.LayerNorm(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = nn.Dropout(config.dropatt)
+        self.dropatt_p = config.dropatt
+        self.scale = 1.0 / math.sqrt(D)
+        self.pre_lnorm = config.pre_lnorm
+        self.use_sdpa = config.use_sdpa
+        self.ltm = LongTermAttention(config)
+
+    def keys_values(self, h):
+        """Keys and values (B, H, S, D) of hidden states h (B, S, C), as model_xl.py."""
+        B, S, _ = h.shape
+        if self.pre_lnorm:
+            h = self.layer_norm(h)
+        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
+        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
+        return k, v
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
+        """As model_xl.py's RelMultiHeadAttn; ltm = (K, V, ltm_on, basis_mu, basis_sigma) with K, V (B, H, N, D)
+        and ltm_on (B,) 0/1, or None without an LTM. Returns the output, the keys/values of all K positions, and
+        the LTM densities μ, σ² (B, H, T) (None without an LTM)."""
+        B, T, C = h.shape
+        H, D = self.n_head, self.d_head
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        q = self.q_net(x).view(B, T, H, D).transpose(1, 2)       # (B, H, T, D)
+        k_new, v_new = self.keys_values(h)
+        k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)
+        v = torch.cat([mem_kv[1], v_new], dim=2)
+        K = k.size(2)
+        r_k = self.r_net(r).view(K, H, D).transpose(0, 1)        # (H, K, D)
+        BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))   # (B, H, T, K)
+        q_u = q + r_w_bias[:, None]
+        if self.use_sdpa:
+            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
+            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
+                                                      dropout_p=self.dropatt_p if self.training else 0.0)
+        else:
+            score = (torch.einsum('bhid,bhjd->bhij', q_u, k) + BD) * self.scale
+            score = score.masked_fill(~attn_mask, float('-inf'))
+            prob = self.dropatt(F.softmax(score.float(), dim=-1).to(v.dtype))
+            attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
+        attn_out = self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D))   # Z_T (B, T, C)
+
+        mu = sigma_sq = None
+        if ltm is not None:
+            k_ltm, v_ltm, ltm_on, basis_mu, basis_sigma = ltm
+            z_ltm, mu, sigma_sq = self.ltm(q, k_ltm, v_ltm, basis_mu, basis_sigma)
+            attn_out = attn_out + z_ltm * ltm_on[:, None, None].to(z_ltm.dtype)   # Z = Z_T + Z_LTM, masked until written
+        attn_out = self.drop(attn_out)
+        out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
+        return out, (k, v), mu, sigma_sq
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = RelMultiHeadAttnLTM(config)
+        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
+        h, kv, mu, sigma_sq = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm)
+        return self.ff(h), kv, mu, sigma_sq
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.word_emb = ScaledEmbedding(config.vocab_size, C)
+        self.pos_emb = PositionalEmbedding(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        n_bias = config.n_layer if config.untie_r else 1
+        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))
+        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))
+        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
+        self.apply(self._init_weights)
+        nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
+        nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
+
+        # The fixed parts of the continuous signal, computed once in float64 (not saved: they follow the flags).
+        basis_mu, basis_sigma = gaussian_basis(config.n_basis, config.widths)
+        first, unbounded = ridge_tables(config)
+        t_linear = torch.arange(1, config.n_samples + 1, dtype=torch.float64) / config.n_samples
+        for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma), ('G_first', first),
+                            ('G_unbounded', unbounded),
+                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):   # ψ(m/M), (M, N)
+            self.register_buffer(name, value.float(), persistent=False)
+
+    def _init_weights(self, module):
+        # As model_xl.py (the paper's code): N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std).
+        # The gate's Conv1d keeps PyTorch's default init, as in the authors' code.
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaledEmbedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, std)
+            nn.init.zeros_(module.bias)
+
+    # --- memory -------------------------------------------------------------------------------------------
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (the STM) at eval. The LTM's
+        size (n_basis) does not depend on it."""
+        c = self.config
+        M = c.mem_len if mem_len is None else mem_len
+        dtype = self.word_emb.weight.dtype
+        zeros = lambda *shape, dt=dtype: torch.zeros(*shape, device=device, dtype=dt)
+        return Memory(mem=zeros(c.n_layer, batch_size, c.seg_len + M, c.n_embd),
+                      length=zeros(batch_size, dt=torch.long),
+                      ltm_pending=zeros(batch_size, dt=torch.long),
+                      ltm_B=zeros(c.n_layer, batch_size, c.n_basis, c.n_embd),
+                      ltm_written=zeros(batch_size, dt=torch.long),
+                      ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins))
+
+    def reset_memory(self, memory, mask):
+        """Empty the STM and the LTM of the rows where mask (B,) is True."""
+        keep = ~mask
+        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype),
+                      length=memory.length * keep,
+                      ltm_pending=memory.ltm_pending * keep,
+                      ltm_B=memory.ltm_B * keep[None, :, None, None].to(memory.ltm_B.dtype),
+                      ltm_written=memory.ltm_written * keep,
+                      ltm_hist=memory.ltm_hist * keep[None, :, None].to(memory.ltm_hist.dtype))
+
+    def _ltm_writes(self, memory):
+        """How many waiting vectors each row writes to its LTM now: those that left the STM at the last step
+        (ltm_pending) and are valid. -> n_new (B,) int64 and the rows' written flag after this write (B,) int64."""
+        M = memory.mem.size(2) - self.config.seg_len
+        n_new = torch.minimum(memory.ltm_pending, (memory.length - M).clamp(min=0))
+        return n_new, torch.maximum(memory.ltm_written, (n_new > 0).long())
+
+    def _write_ltm(self, n, memory, n_new):
+        """§3.2 + §3.4 for layer n: B of [old signal at M points ; the gated new vectors] (Eq. 13), or of the new
+        vectors alone when the row's LTM is empty or `unbounded` is off (Eq. 5); rows with nothing new keep their
+        B. The gate's gradient flows through the new B into this step's attention; the old B is detached."""
+        c = self.config
+        A = c.seg_len
+        dtype = torch.promote_types(self.G_first.dtype, torch.float32)
+        old_B = memory.ltm_B[n].to(dtype)                                              # (B, N, C)
+        waiting = memory.mem[n][:, :A].to(dtype)                                       # (B, A, C) oldest first
+        is_new = torch.arange(A, device=n_new.device)[None, :] >= (A - n_new)[:, None]   # (B, A)
+        with torch.autocast(device_type=old_B.device.type, enabled=False):            # the regression in float32
+            x_new = self.layers[n].attn.ltm.gated(waiting * is_new[..., None])         # X̃ (Eq. 16)
+            new_B = torch.einsum('bac,ban->bnc', x_new, self.G_first[n_new])           # Bᵀ = X̃ᵀG      (Eq. 5)
+            if c.unbounded:
+                if c.sticky:                                                           # §3.3: where to read
+                    t = sample_sticky_points(memory.ltm_hist[n].to(dtype) + 1e-12, c.n_samples)   # (B, M)
+                    psi = evaluate_basis(t, self.basis_mu, self.basis_sigma)           # (B, M, N)
+                else:
+                    psi = self.psi_linear.expand(old_B.size(0), -1, -1)                # (B, M, N) ψ(m/M)
+                x_past = psi @ old_B                                                   # (B, M, C) Eq. 11
+                X = torch.cat([x_past, x_new], dim=1)                                  # (B, M + A, C) Eq. 12
+                grown = torch.einsum('bmc,bmn->bnc', X, self.G_unbounded[n_new])       # Eq. 13
+                new_B = torch.where(memory.ltm_written[:, None, None] > 0, grown, new_B)
+        return torch.where((n_new > 0)[:, None, None], new_B, old_B)                   # (B, N, C)
+
+    def _update_memory(self, memory, hids, ltm_Bs, written, hists, T):
+        """The STM keeps the last mem_len positions of [old ; this segment's layer inputs], and the seg_len before
+        them wait for the LTM (their T newest are the ones that just left); all detached (SG)."""
+        S = memory.mem.size(2)
+        cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (L, B, S+T, C)
+        return Memory(mem=cat[:, :, T:].detach().contiguous(),                       # (L, B, S, C)
+                      length=(memory.length + T).clamp(max=S),
+                      ltm_pending=torch.full_like(memory.ltm_pending, T),
+                      ltm_B=torch.stack(ltm_Bs).to(memory.ltm_B.dtype).detach().contiguous(),
+                      ltm_written=written,
+                      ltm_hist=torch.stack(hists).to(memory.ltm_hist.dtype).detach().contiguous())
+
+    # --- attention geometry, shared by forward and generate (as model_xl.py) --------------------------------
+
+    def _relative_positions(self, K, device):
+        pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
+        if self.config.clamp_len > 0:
+            pos_seq = pos_seq.clamp(max=self.config.clamp_len)
+        return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
+
+    def _attn_mask(self, key_valid, T):
+        """key_valid: (B, K) bool, the last T keys being the queries themselves; causal. -> (B, 1, T, K)"""
+        K = key_valid.size(1)
+        i = torch.arange(T, device=key_valid.device)[:, None]
+        j = torch.arange(K, device=key_valid.device)[None, :]
+        return ((K - T + i - j >= 0)[None] & key_valid[:, None, :])[:, None]
+
+    def _u_v(self, i):
+        n = i if self.config.untie_r else 0
+        return self.r_w_bias[n], self.r_r_bias[n]
+
+    def _begin_segment(self, memory):
+        """What every position of a segment shares: the STM keys/values and validity, and the LTM after this
+        step's write (§3.2) with its keys/values. -> (stm_kv list, stm_valid (B, M), ltm_Bs, ltm_inputs, written)"""
+        c = self.config
+        S = memory.mem.size(2)
+        valid = torch.arange(S, device=memory.mem.device)[None, :] >= (S - memory.length)[:, None]   # (B, S)
+        stm_kv = [layer.attn.keys_values(memory.mem[n][:, c.seg_len:]) for n, layer in enumerate(self.layers)]
+        if not c.ltm:
+            return stm_kv, valid[:, c.seg_len:], list(memory.ltm_B), [None] * c.n_layer, memory.ltm_written
+        n_new, written = self._ltm_writes(memory)
+        ltm_Bs = [self._write_ltm(n, memory, n_new) for n in range(c.n_layer)]
+        ltm_inputs = [(*layer.attn.ltm.keys_values(B_.to(self.word_emb.weight.dtype)), written,
+                       self.basis_mu, self.basis_sigma) for layer, B_ in zip(self.layers, ltm_Bs)]
+        return stm_kv, valid[:, c.seg_len:], ltm_Bs, ltm_inputs, written
+
+    def _kl(self, mu_sigmas, written):
+        """Eq. 17: mean over layers, heads and queries of KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1),
+        over the rows whose LTM holds something."""
+        s0 = self.config.sigma_0 ** 2
+        kl = torch.stack([0.5 * (s2 / s0 - torch.log(s2 / s0) - 1).mean(dim=(1, 2)) for _, s2 in mu_sigmas])  # (L, B)
+        w = written.to(kl.dtype)
+        return (kl.mean(0) * w).sum() / w.sum().clamp(min=1)
+
+    # --- forward ------------------------------------------------------------------------------------------
+
+    def forward(self, idx, memory, targets=None):
+        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux)."""
+        c = self.config
+        B, T = idx.shape
+        if T > c.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
+        stm_kv, stm_valid, ltm_Bs, ltm_inputs, written = self._begin_segment(memory)
+        key_valid = torch.cat([stm_valid, stm_valid.new_ones(B, T)], dim=1)          # (B, M+T)
+        attn_mask = self._attn_mask(key_valid, T)                                    # (B, 1, T, M+T)
+        r = self._relative_positions(key_valid.size(1), idx.device)
+
+        h = self.drop(self.word_emb(idx))                                            # (B, T, C)
+        hids, mu_sigmas = [], []
+        for n, layer in enumerate(self.layers):
+            hids.append(h)
+            h, _, mu, sigma_sq = layer(h, stm_kv[n], r, *self._u_v(n), attn_mask, ltm_inputs[n])
+            mu_sigmas.append((mu, sigma_sq))
+        h = self.drop(self.ln_f(h))
+        logits = F.linear(h, self.word_emb.weight)                                   # (B, T, V)
+
+        hists = list(memory.ltm_hist)
+        if c.ltm and c.sticky:                                                       # for the next step's write
+            hists = [attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in mu_sigmas]
+            hists = [hist / hist.sum(-1, keepdim=True) for hist in hists]
+        new_memory = self._update_memory(memory, hids, ltm_Bs, written, hists, T)
+        loss, aux = None, {}
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            aux['lm_loss'] = loss.detach()
+            if c.ltm:
+                kl = self._kl(mu_sigmas, written)                                    # §3.4: L = L_NLL + λ_KL L_KL
+                aux['kl_loss'] = kl.detach()
+                loss = loss + c.kl_weight * kl
+        return logits, loss, new_memory, aux
+
+    # --- bookkeeping for train.py -------------------------------------------------------------------------
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, mem_len=None):
+        """Training FLOPs (forward + backward) per token, for MFU: 6 per weight use; the STM attention over
+        K = mem_len + seg_len keys (3 products of H*D*K); the LTM attention (scores and values, 2 products of
+        H*D*N); once per segment the STM keys/values, R, the LTM keys/values and the regression."""
+        c = self.config
+        M = c.mem_len if mem_len is None else mem_len
+        T, K, HD, N = c.seg_len, M + c.seg_len, c.n_head * c.d_head, c.n_basis
+        attention = 6 * c.n_layer * HD * (3 * K + 2 * N)
+        regression = 2 * (c.n_samples + c.seg_len) * N * c.n_embd + c.n_samples * N * c.n_embd
+        per_segment = 6 * c.n_layer * ((2 * M + K + 2 * N) * c.n_embd * HD + regression) / T
+        return 6 * self.num_params() + attention + per_segment
+
+    # --- generation ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
+        At each segment start the LTM is written and its keys/values computed, as forward() does; then every new
+        token costs one position's work against the cached STM/segment keys and the LTM's. When a segment of
+        seg_len tokens is complete, the memory is updated exactly as forward() would (with the attention
+        histogram summed over the segment's tokens). callback(tokens (B, 1)) is called after each sampled token."""
+        c = self.config
+        B = idx.size(0)
+        if memory is None:
+            memory = self.init_memory(B, idx.device)
+        seg = {}                                                        # the open segment's state
+
+        def step(tokens):
+            nonlocal memory
+            if not seg:                                                 # a new segment starts
+                stm_kv, stm_valid, ltm_Bs, ltm_inputs, written = self._begin_segment(memory)
+                seg.update(cache=stm_kv, key_valid=stm_valid, ltm_Bs=ltm_Bs, ltm_inputs=ltm_inputs,
+                           written=written, hids=[[] for _ in self.layers],
+                           hists=[torch.zeros_like(hist) for hist in memory.ltm_hist])
+            T = tokens.size(1)
+            seg['key_valid'] = torch.cat([seg['key_valid'], seg['key_valid'].new_ones(B, T)], dim=1)
+            attn_mask = self._attn_mask(seg['key_valid'], T)
+            r = self._relative_positions(seg['key_valid'].size(1), tokens.device)
+            h = self.drop(self.word_emb(tokens))
+            for n, layer in enumerate(self.layers):
+                seg['hids'][n].append(h)
+                h, seg['cache'][n], mu, sigma_sq = layer(h, seg['cache'][n], r, *self._u_v(n), attn_mask,
+                                                         seg['ltm_inputs'][n])
+                if c.ltm and c.sticky:
+                    seg['hists'][n] = seg['hists'][n] + attention_histogram(mu, sigma_sq, c.sticky_bins)
+            if sum(x.size(1) for x in seg['hids'][0]) == c.seg_len:    # segment complete: it becomes memory
+                hists = list(memory.ltm_hist)
+                if c.ltm and c.sticky:
+                    hists = [hist / hist.sum(-1, keepdim=True) for hist in seg['hists']]
+                memory = self._update_memory(memory, [torch.cat(x, dim=1) for x in seg['hids']], seg['ltm_Bs'],
+                                             seg['written'], hists, c.seg_len)
+                seg.clear()
+            h = self.ln_f(h[:, -1])
+            return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position
+
+        if idx.size(1) == 0:
+            raise ValueError("generate needs at least one token in idx")
+        for start in range(0, idx.size(1), c.seg_len):
+            logits = step(idx[:, start:start + c.seg_len])
+        for i in range(max_new_tokens):
+            idx_next = sample_next(logits, temperature, top_k)
+            idx = torch.cat([idx, idx_next], dim=1)
+            if callback is not None:
+                callback(idx_next)
+            if i + 1 < max_new_tokens:
+                logits = step(idx_next)
+        return idx
