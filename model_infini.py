@@ -1,0 +1,424 @@
+"""
+Infini-attention (Munkhdalai, Faruqui and Gopal, 2024, "Leave No Context Behind: Efficient Infinite Context
+Transformers with Infini-attention", arXiv 2404.07143), in one file.
+
+The text is read one segment of `seg_len` tokens at a time. Every attention head of every layer does two things
+with the same queries, keys and values (§2.1):
+  1. Local attention. Causal softmax attention inside the segment (Eq. 2), with rotary positions (RoPE) on the
+     queries and keys. It sees nothing before the segment.
+  2. A compressive memory. A matrix M (d_key x d_value) and a normaliser z (d_key) that sum up every earlier
+     segment. With σ = ELU + 1 (§2.1.2) and the *unrotated* queries and keys:
+       retrieve (Eq. 7):        A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1})
+       update, linear (Eq. 8):  M_s = M_{s-1} + σ(K)ᵀ V,        z_s = z_{s-1} + Σ_t σ(K_t)
+       update, delta (Eq. 9):   M_s = M_{s-1} + σ(K)ᵀ (V - σ(K) M_{s-1} / (σ(K) z_{s-1}))   (z as in Eq. 8)
+     The segment retrieves first, then writes itself, so it reads only the segments before it.
+A learned scalar β per head mixes the two (Eq. 10):
+       A = sigmoid(β) ⊙ A_mem + (1 - sigmoid(β)) ⊙ A_dot
+and the heads are concatenated and projected as usual (Eq. 11). The memory is fixed-size, so the cost per token
+is the same however much has been read.
+
+Training (§3, §4.1): the paper unrolls the memory over 16 segments (inputs of 32,768 tokens, segments of 2,048)
+and backpropagates through it. Here the model never detaches the memory; train.py's `--bptt_segments=k` keeps
+the graph over k segments, then detaches (k = 1: only the current segment learns).
+
+Reading order: Config → Memory → small blocks (copied between model files on purpose) → rotary positions →
+the compressive memory (σ, retrieve, update) → Infini-attention → block → model (init, forward, generate).
+
+Deliberate deviations and choices (also listed in the README):
+  - The first segment (and a row whose memory was emptied) has M = 0, z = 0, so Eq. 7 is 0/0. The memory keeps a
+    count of the tokens written into it, and retrieval from an empty memory is defined as 0 (no epsilon: an
+    epsilon would also bend every later retrieval). The gate still applies there: A = (1 - sigmoid(β)) A_dot.
+  - M and z are kept and computed in float32 (the parameters' dtype) with autocast switched off, also under bf16
+    autocast: a sum over thousands of tokens in bf16 (8 mantissa bits) drops most of what is added to it.
+  - Post-LN as Transformer-XL (`pre_lnorm=False`, so the demo compares with model_xl.py), pre-LN behind a flag;
+    GPT-2 BPE tokens, scaled tied embeddings, N(0, init_std) initialisation: as model_xl.py.
+  - The paper does not say how β is initialised or how fast it learns; `gate_init` and `gate_lr_mult` expose
+    both (see `lr_multipliers` for why the multiplier matters).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    # Defaults: the paper's long-context LM models (§4.1: 12 layers, 8 heads of 128, FFN 4096, segments of 2048).
+    vocab_size: int = 50304   # GPT-2's 50257 padded to a multiple of 64
+    n_layer: int = 12
+    n_head: int = 8
+    n_embd: int = 1024        # d_model
+    d_head: int = 128         # d_key = d_value per head; n_head * d_head need not equal n_embd
+    d_inner: int = 4096       # position-wise feed-forward width
+    dropout: float = 0.1      # on embeddings, attention output, feed-forward, final hidden states
+    dropatt: float = 0.0      # on the local attention probabilities
+    seg_len: int = 2048       # tokens per segment (the paper's N)
+    memory_update: str = 'linear'  # 'linear' (Eq. 8) or 'delta' (Eq. 9, "Linear + Delta")
+    gate_init: float = 0.0    # initial β of every head: sigmoid(0) = 0.5 mixes memory and local attention evenly
+    gate_lr_mult: float = 100.0  # β's learning rate = learning_rate * gate_lr_mult (see Model.lr_multipliers)
+    rope_base: float = 10000.0  # RoPE θ_i = rope_base^(-2i/d_head) on the local attention's queries and keys
+    pre_lnorm: bool = False   # False: post-LN (as model_xl.py); True: pre-LN (+ final LayerNorm)
+    init_std: float = 0.02    # normal init of weights, as model_xl.py
+
+    def __post_init__(self):
+        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ('dropout', 'dropatt'):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.memory_update not in ('linear', 'delta'):
+            raise ValueError(f"memory_update must be 'linear' or 'delta', got {self.memory_update!r}")
+        if self.d_head % 2:
+            raise ValueError(f"d_head must be even (RoPE rotates pairs of dimensions), got {self.d_head}")
+        if not self.gate_lr_mult >= 0.0:
+            raise ValueError(f"gate_lr_mult must be >= 0, got {self.gate_lr_mult}")
+        if not math.isfinite(self.gate_init):
+            raise ValueError(f"gate_init must be finite, got {self.gate_init}")
+        if not self.rope_base > 0.0:
+            raise ValueError(f"rope_base must be > 0, got {self.rope_base}")
+        if not self.init_std > 0.0:
+            raise ValueError(f"init_std must be > 0, got {self.init_std}")
+
+
+@dataclass
+class Memory:
+    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once.
+    It is not detached here: train.py's bptt_segments decides how far gradient flows back through it."""
+    M: torch.Tensor       # (n_layer, B, n_head, d_head, d_head) the associative matrix of each head, Eq. 8/9
+    z: torch.Tensor       # (n_layer, B, n_head, d_head) the normaliser of each head, Σ σ(K_t)
+    length: torch.Tensor  # (B,) int64, tokens written into the memory since the row was last emptied (0 = empty)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Small blocks. These are shared by design with the other model files, which copy them verbatim.
+
+# Copied from model_xl.py (PositionwiseFF)
+class PositionwiseFF(nn.Module):
+    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
+
+    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(n_embd)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, x):
+        if self.pre_lnorm:
+            return x + self.net(self.layer_norm(x))
+        return self.layer_norm(x + self.net(x))
+
+
+# Copied from model_xl.py (ScaledEmbedding)
+class ScaledEmbedding(nn.Module):
+    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
+    Its weight is tied to the output layer."""
+
+    def __init__(self, vocab_size, n_embd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
+        self.scale = n_embd ** 0.5
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight) * self.scale
+
+
+# Copied from model_xl.py (sample_next)
+def sample_next(logits, temperature=1.0, top_k=None):
+    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
+    if temperature == 0.0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
+    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Rotary positions for the local attention (Su et al., 2021). The paper's Figure 1 puts "PE" on the local
+# attention's queries and keys only; the memory reads and writes position-free.
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of m θ_i for positions m, θ_i = rope_base^(-2i/d_head), i = 0 .. d_head/2 - 1."""
+
+    def __init__(self, d_head, base):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0.0, d_head, 2.0) / d_head))
+        self.register_buffer('inv_freq', inv_freq, persistent=False)
+
+    def forward(self, start, T, device):
+        pos = torch.arange(start, start + T, device=device, dtype=self.inv_freq.dtype)
+        angles = torch.outer(pos, self.inv_freq)                  # (T, D/2)
+        return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair (x_{2i}, x_{2i+1}) of x (B, H, T, D) by the angle m θ_i of its position m."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]                           # (B, H, T, D/2) each
+    rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)   # (B, H, T, D/2, 2)
+    return rotated.flatten(-2).to(x.dtype)                        # (B, H, T, D), pairs interleaved back
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The compressive memory (§2.1.2). Everything here runs in the memory's dtype (float32) with autocast off.
+
+
+def sigma(x):
+    """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z."""
+    return F.elu(x) + 1.0
+
+
+def memory_retrieve(sigma_q, M, z, has_memory):
+    """Eq. 7: A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1}).
+    sigma_q (B, H, T, D), M (B, H, D, D), z (B, H, D), has_memory (B, 1, 1, 1) bool -> (B, H, T, D).
+    An empty memory (M = 0, z = 0: 0/0) retrieves 0; its denominator is replaced by 1 before the division, so
+    neither the value nor the gradient sees a NaN."""
+    numerator = sigma_q @ M                                       # (B, H, T, D)
+    denominator = sigma_q @ z.unsqueeze(-1)                       # (B, H, T, 1), > 0 once anything was written
+    denominator = torch.where(has_memory, denominator, torch.ones_like(denominator))
+    return torch.where(has_memory, numerator / denominator, torch.zeros_like(numerator))
+
+
+def memory_update(sigma_k, v, M, z, has_memory, rule):
+    """Write a segment's keys and values: Eq. 8 (rule 'linear') or Eq. 9 (rule 'delta').
+    sigma_k, v (B, H, T, D); M (B, H, D, D); z (B, H, D). Returns the new (M, z)."""
+    if rule == 'delta':
+        # Eq. 9: write only what M_{s-1} does not already return for these keys
+        v = v - memory_retrieve(sigma_k, M, z, has_memory)
+    M = M + sigma_k.transpose(-2, -1) @ v                         # (B, H, D, D)   σ(K)ᵀ V
+    z = z + sigma_k.sum(dim=-2)                                   # (B, H, D)      Σ_t σ(K_t)
+    return M, z
+
+
+class InfiniAttention(nn.Module):
+    """Multi-head Infini-attention (§2.1) with its residual and LayerNorm: local causal softmax attention with
+    RoPE, retrieval from the compressive memory, and the per-head gate β (Eq. 10)."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.qkv_net = nn.Linear(C, 3 * H * D, bias=False)       # W_Q, W_K, W_V (Eq. 1), shared by both sides
+        self.o_net = nn.Linear(H * D, C, bias=False)             # W_O (Eq. 11)
+        self.beta = nn.Parameter(torch.full((H,), float(config.gate_init)))   # β of Eq. 10, one per head
+        self.layer_norm = nn.LayerNorm(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt_p = config.dropatt
+        self.pre_lnorm = config.pre_lnorm
+
+    def gate(self):
+        return torch.sigmoid(self.beta)                           # (H,)
+
+    def forward(self, h, M, z, has_memory, rope, cache=None):
+        """
+        h:          (B, T, C)     this segment's layer input (or the next T tokens of it, in generate)
+        M, z:       (B, H, D, D), (B, H, D) the memory before this segment, M_{s-1} and z_{s-1}
+        has_memory: (B, 1, 1, 1)  bool, False where the memory is empty
+        rope:       (cos, sin), each (T, D/2), for the positions of these T tokens inside the segment
+        cache:      None, or (k_rot, k, v), each (B, H, S, D): the S earlier tokens of this segment (generate)
+        returns the output (B, T, C) and (k_rot, k, v) of all S + T tokens of the segment so far
+        """
+        B, T, C = h.shape
+        H, D = self.n_head, self.d_head
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        qkv = self.qkv_net(x).view(B, T, 3, H, D)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)                      # each (B, H, T, D), unrotated
+        q_rot, k_rot = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k_rot, k, v = (torch.cat([old, new], dim=2) for old, new in zip(cache, (k_rot, k, v)))
+        S = k.size(2) - T                                         # keys before the first of these queries
+
+        # local attention, Eq. 2: causal inside the segment (query i sits at S + i)
+        causal = torch.ones(T, S + T, dtype=torch.bool, device=h.device).tril(S)   # (T, S+T)
+        A_dot = F.scaled_dot_product_attention(q_rot, k_rot, v, attn_mask=causal,
+                                               dropout_p=self.dropatt_p if self.training else 0.0)  # (B, H, T, D)
+
+        # memory retrieval, Eq. 7, in the memory's dtype (float32 even under bf16 autocast)
+        with torch.autocast(h.device.type, enabled=False):
+            A_mem = memory_retrieve(sigma(q.to(M.dtype)), M, z, has_memory)          # (B, H, T, D)
+
+        # Eq. 10: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head
+        g = self.gate().view(1, H, 1, 1)
+        A = (g * A_mem + (1.0 - g) * A_dot).to(A_dot.dtype)       # (B, H, T, D)
+        attn_out = self.drop(self.o_net(A.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)   Eq. 11
+        out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
+        return out, (k_rot, k, v)
+
+    def update_memory(self, M, z, has_memory, k, v, rule):
+        """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 8 or 9."""
+        with torch.autocast(k.device.type, enabled=False):
+            return memory_update(sigma(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = InfiniAttention(config)
+        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
+
+    def forward(self, h, M, z, has_memory, rope, cache=None):
+        h, kv = self.attn(h, M, z, has_memory, rope, cache)
+        return self.ff(h), kv
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        C = config.n_embd
+        self.word_emb = ScaledEmbedding(config.vocab_size, C)
+        self.rope = RotaryEmbedding(config.d_head, config.rope_base)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
+        # the output layer is the embedding matrix (tied), see forward
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        # As model_xl.py: N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std). β keeps gate_init.
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaledEmbedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, std)
+            nn.init.zeros_(module.bias)
+
+    def lr_multipliers(self):
+        """β learns gate_lr_mult times faster than the rest. Adam moves a parameter by about the learning rate
+        per step whatever its gradient, so over a run β can travel at most about Σ_t lr_t: 0.5 for the demo's
+        1000 steps at 1e-3 with cosine decay, which keeps sigmoid(β) inside [0.38, 0.62] -- a gate "stuck near
+        0.5" whatever the memory is worth. The multiplier lets β reach 0 or 1 if the data ask for it."""
+        return {f'layers.{n}.attn.beta': self.config.gate_lr_mult for n in range(self.config.n_layer)}
+
+    # --- memory -------------------------------------------------------------------------------------------
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        """Empty memory for batch_size fresh streams. mem_len is accepted for the shared contract (train.py's
+        --eval_mem_len) and ignored: the compressive memory has no length, it always holds everything read."""
+        c = self.config
+        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
+        L, H, D = c.n_layer, c.n_head, c.d_head
+        return Memory(M=torch.zeros(L, batch_size, H, D, D, device=device, dtype=dtype),
+                      z=torch.zeros(L, batch_size, H, D, device=device, dtype=dtype),
+                      length=torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def reset_memory(self, memory, mask):
+        """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
+        keep = ~mask
+        return Memory(M=memory.M * keep[None, :, None, None, None].to(memory.M.dtype),
+                      z=memory.z * keep[None, :, None, None].to(memory.z.dtype),
+                      length=memory.length * keep)
+
+    def gates(self):
+        """sigmoid(β) of every head, (n_layer, n_head), detached: how much each head reads from its memory."""
+        return torch.stack([layer.attn.gate() for layer in self.layers]).detach()
+
+    # --- forward ------------------------------------------------------------------------------------------
+
+    def forward(self, idx, memory, targets=None):
+        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux).
+        new_memory keeps its graph to this segment (backprop through time; train.py detaches it)."""
+        c = self.config
+        B, T = idx.shape
+        if T > c.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
+        has_memory = (memory.length > 0).view(B, 1, 1, 1)
+        rope = self.rope(0, T, idx.device)                        # (T, D/2) x2
+
+        h = self.drop(self.word_emb(idx))                         # (B, T, C)
+        new_M, new_z = [], []
+        for n, layer in enumerate(self.layers):
+            h, (_, k, v) = layer(h, memory.M[n], memory.z[n], has_memory, rope)    # retrieve first (Eq. 7) ...
+            M, z = layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v, c.memory_update)
+            new_M.append(M)                                       # ... then update (Eq. 8 / 9)
+            new_z.append(z)
+        h = self.drop(self.ln_f(h))
+        logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer
+
+        new_memory = Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + T)
+        gates = self.gates()                                      # (L, H)
+        aux = {'gate': gates.mean(dim=1), 'gate_head': gates}     # per layer (mean over heads), per head
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            aux['lm_loss'] = loss.detach()
+        return logits, loss, new_memory, aux
+
+    # --- bookkeeping for train.py -------------------------------------------------------------------------
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, mem_len=None):
+        """Training FLOPs (forward + backward) per token, for MFU: 6 per weight use, plus the local attention
+        over seg_len keys (q·k and the weighted sum of values: 2 products of H*D*T), plus the memory: σ(Q) M
+        and σ(K)ᵀ V (and σ(K) M for delta), H*D*D each. mem_len is ignored (the memory has no length)."""
+        c = self.config
+        HD = c.n_head * c.d_head
+        local = 6 * 2 * c.n_layer * HD * c.seg_len
+        memory = 6 * (3 if c.memory_update == 'delta' else 2) * c.n_layer * HD * c.d_head
+        return 6 * self.num_params() + local + memory
+
+    # --- generation ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
+        The open segment's keys and values are cached (each new token costs one position's local attention
+        and one retrieval); when seg_len tokens are complete they are written into the memory and the cache is
+        emptied, exactly as forward() does at the end of a segment.
+        callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+        c = self.config
+        B = idx.size(0)
+        if memory is None:
+            memory = self.init_memory(B, idx.device)
+        state = {'M': list(memory.M.unbind(0)), 'z': list(memory.z.unbind(0)), 'length': memory.length,
+                 'cache': [None] * c.n_layer, 'seg_pos': 0}       # seg_pos: tokens of the open segment
+
+        def step(tokens):
+            T = tokens.size(1)
+            has_memory = (state['length'] > 0).view(B, 1, 1, 1)
+            rope = self.rope(state['seg_pos'], T, tokens.device)
+            h = self.drop(self.word_emb(tokens))
+            for n, layer in enumerate(self.layers):
+                h, state['cache'][n] = layer(h, state['M'][n], state['z'][n], has_memory, rope, state['cache'][n])
+            state['seg_pos'] += T
+            if state['seg_pos'] == c.seg_len:                       # segment complete: write it into the memory
+                for n, layer in enumerate(self.layers):
+                    _, k, v = state['cache'][n]
+                    state['M'][n], state['z'][n] = layer.attn.update_memory(
+                        state['M'][n], state['z'][n], has_memory, k, v, c.memory_update)
+                state['length'] = state['length'] + c.seg_len
+                state['cache'], state['seg_pos'] = [None] * c.n_layer, 0
+            h = self.ln_f(h[:, -1])
+            return F.linear(h, self.word_emb.weight)                # (B, V) logits of the last position
+
+        if idx.size(1) == 0:
+            raise ValueError("generate needs at least one token in idx")
+        # the prompt, in pieces that never cross a segment boundary
+        for start in range(0, idx.size(1), c.seg_len):
+            logits = step(idx[:, start:start + c.seg_len])
+        for i in range(max_new_tokens):
+            idx_next = sample_next(logits, temperature, top_k)
+            idx = torch.cat([idx, idx_next], dim=1)
+            if callback is not None:
+                callback(idx_next)
+            if i + 1 < max_new_tokens:
+                logits = step(idx_next)
+        return idx
