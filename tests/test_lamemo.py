@@ -1,0 +1,480 @@
+"""
+CPU tests for LaMemo's look-ahead memory in model_xl.py (`lookahead=True`, SPEC §2, seed 002).
+
+Tiny configs (1-2 layers, n_embd 16, vocab 97, seg_len 4). Exact properties are checked in float64
+(model.double()); comparisons with a naive reference allow ~1e-5, the size of the merge's ε (1e-6, as the authors'
+code) and of the float32 sinusoid, far below the O(1e-1) differences a broken property produces.
+"""
+
+import math
+
+import pytest
+import torch
+
+import model_xl
+from model_xl import (Config, LookAheadMemory, Memory, Model, lookahead_layers, lookahead_merge, rel_shift_future,
+                      sample_next)
+
+V = 97
+F64 = torch.float64
+
+
+def make_model(dtype=F64, seed=0, lookahead=True, **overrides):
+    """A tiny LaMemo model (or plain Transformer-XL with lookahead=False) in eval mode with dropout off."""
+    fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
+                  seg_len=4, mem_len=6, lookahead=lookahead)
+    fields.update(overrides)
+    torch.manual_seed(seed)
+    return Model(Config(**fields)).to(dtype).eval()
+
+
+def xl_twin(model):
+    """Plain Transformer-XL with the same weights (everything but v+)."""
+    c = model.config
+    xl = Model(Config(**{**c.__dict__, 'lookahead': False})).to(model.r_w_bias.dtype).eval()
+    state = {k: v for k, v in model.state_dict().items() if k != 'r_r_bias_future'}
+    xl.load_state_dict(state)
+    return xl
+
+
+def tokens(batch_size, length, seed=1):
+    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run_segments(model, idx, memory, lengths):
+    """Feed idx (B, T) in consecutive pieces of the given lengths (an int: all equal), carrying the memory."""
+    if isinstance(lengths, int):
+        lengths = [lengths] * math.ceil(idx.size(1) / lengths)
+    logits, start = [], 0
+    for n in lengths:
+        piece_logits, _, memory, _ = model(idx[:, start:start + n], memory)
+        logits.append(piece_logits)
+        start += n
+    return torch.cat(logits, dim=1), memory
+
+
+def assert_close(a, b, atol=1e-6, rtol=1e-5):
+    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+
+
+def differs(a, b, atol=1e-4):
+    return not torch.allclose(a, b, atol=atol, rtol=0)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 1. the pieces against naive references
+
+
+@pytest.mark.parametrize('M', [1, 2, 5, 8])
+def test_rel_shift_future_equals_naive_gather(M):
+    """y[i, j] = score of query i with the key at position j + 1, distance j + 1 - i, for every key on its right."""
+    x = torch.randn(2, 3, M, M, generator=torch.Generator().manual_seed(M))
+    y = rel_shift_future(x)
+    assert y.shape == x.shape
+    for i in range(M):
+        for j in range(i, M):                          # keys at positions i+1 .. M
+            distance = j + 1 - i
+            assert torch.equal(y[..., i, j], x[..., i, distance - 1]), (i, j)
+
+
+def naive_softmax_attention(scores, values):
+    """softmax over the keys (last dim of scores (..., K)), then the weighted sum of values (..., K, D)."""
+    prob = torch.exp(scores - scores.max(-1, keepdim=True).values)
+    prob = prob / prob.sum(-1, keepdim=True)
+    return (prob[..., None] * values).sum(-2)
+
+
+@pytest.mark.parametrize('offset', [0.0, 30.0, -30.0, 700.0])
+def test_merge_equals_one_softmax_over_old_and_new_keys(offset):
+    """α-merge of two attentions over disjoint key sets, from their outputs and log-sum-exps only, equals one
+    softmax over the union (ε = 0: exact in float64; the default ε = 1e-6 moves it by < 1e-5). offset shifts one
+    side's scores far up or down: the merge must stay finite (no overflow of e^700)."""
+    g = torch.Generator().manual_seed(0)
+    B, H, M, D, K_old, K_new = 2, 3, 5, 4, 7, 3
+    s_old = torch.randn(B, H, M, K_old, generator=g, dtype=F64) * 3 + offset
+    s_new = torch.randn(B, H, M, K_new, generator=g, dtype=F64) * 3
+    v_old = torch.randn(B, H, M, K_old, D, generator=g, dtype=F64)
+    v_new = torch.randn(B, H, M, K_new, D, generator=g, dtype=F64)
+    old = naive_softmax_attention(s_old, v_old), torch.logsumexp(s_old, -1)
+    new = naive_softmax_attention(s_new, v_new), torch.logsumexp(s_new, -1)
+    joint = naive_softmax_attention(torch.cat([s_old, s_new], -1), torch.cat([v_old, v_new], -2))
+    joint_lse = torch.logsumexp(torch.cat([s_old, s_new], -1), -1)
+
+    vec, lse = lookahead_merge(*old, *new, eps=0.0)
+    assert torch.isfinite(vec).all()
+    assert_close(vec, joint, atol=1e-12, rtol=0)
+    assert_close(lse, joint_lse, atol=1e-12, rtol=1e-14)
+    vec_eps, _ = lookahead_merge(*old, *new)
+    assert_close(vec_eps, joint, atol=1e-5, rtol=0)
+
+
+def test_merge_detaches_the_old_side_only():
+    g = torch.Generator().manual_seed(1)
+    old_vec, new_vec = (torch.randn(1, 1, 3, 2, generator=g, requires_grad=True) for _ in range(2))
+    old_lse, new_lse = (torch.randn(1, 1, 3, generator=g, requires_grad=True) for _ in range(2))
+    vec, _ = lookahead_merge(old_vec, old_lse, new_vec, new_lse)
+    grads = torch.autograd.grad(vec.sum(), [old_vec, old_lse, new_vec, new_lse], allow_unused=True)
+    assert grads[0] is None and grads[1] is None                       # sg(C_old), sg(s_old)
+    assert grads[2].abs().sum() > 0 and grads[3].abs().sum() > 0       # α keeps its gradient through s_new
+
+
+def sinusoid(distance, n_embd):
+    freqs = [10000.0 ** (-2.0 * k / n_embd) for k in range(n_embd // 2)]
+    return torch.tensor([math.sin(distance * f) for f in freqs] + [math.cos(distance * f) for f in freqs],
+                        dtype=F64)
+
+
+@torch.no_grad()
+def naive_layer0_memory_state(model, idx, P, S):
+    """Layer 0's attention output for position P after the look-ahead of the segment starting at S (P < S), one
+    (key, head) at a time: one softmax over every key 0..S, keys at or left of P with distance P - j and bias v,
+    keys on its right with distance j - P and bias v+. (At layer 0 a position's key depends on its token only, so
+    the union of what P attended when it was made and in every look-ahead window since is exactly 0..S.)
+    Returns (B, H, D)."""
+    c = model.config
+    attn = model.layers[0].attn
+    H, D = c.n_head, c.d_head
+    u, v = model.r_w_bias[0], model.r_r_bias[0]
+    v_future = model.r_r_bias_future[0]
+    W_q = attn.q_net.weight
+    W_k, W_v = attn.kv_net.weight.split(H * D)
+    W_r = attn.r_net.weight
+    norm = attn.layer_norm if c.pre_lnorm else (lambda x: x)
+    emb = model.word_emb(idx)                                    # (B, L, C)
+    out = torch.empty(idx.size(0), H, D, dtype=F64)
+    for b in range(idx.size(0)):
+        for n in range(H):
+            rows = slice(n * D, (n + 1) * D)
+            q = W_q[rows] @ norm(emb[b, P])
+            scores, values = [], []
+            for j in range(S + 1):
+                distance, bias = (P - j, v[n]) if j <= P else (j - P, v_future[n])
+                if c.clamp_len > 0:
+                    distance = min(distance, c.clamp_len)
+                k = W_k[rows] @ norm(emb[b, j])
+                scores.append(((q + u[n]) @ k + (q + bias) @ (W_r[rows] @ sinusoid(distance, c.n_embd)))
+                              / math.sqrt(D))
+                values.append(W_v[rows] @ norm(emb[b, j]))
+            out[b, n] = naive_softmax_attention(torch.stack(scores), torch.stack(values))
+    return out
+
+
+@pytest.mark.parametrize('lengths', [[4, 4, 4], [4, 3, 4, 2]], ids=str)
+@pytest.mark.parametrize('extra', [{}, dict(pre_lnorm=True, clamp_len=3, untie_r=False)], ids=str)
+def test_refreshed_memory_equals_naive_joint_softmax_over_steps(lengths, extra):
+    """The whole mechanism at layer 0 over several steps: after the look-ahead of each segment, every memory
+    position's merged attention output equals one softmax over everything up to the segment's first token. This
+    checks the window (previous segment's length, ending at the first token, keys on the right), the future
+    distances with v+, the stored normalisers and the merge across steps: a window that skips or repeats a key,
+    or a wrong distance or bias, fails it. mem_len holds the whole stream so nothing is evicted."""
+    L = sum(lengths)
+    model = make_model(mem_len=16, **extra)
+    idx = tokens(2, L + 1, seed=4)
+    memory = model.init_memory(2, 'cpu')
+    start, checked = 0, 0
+    with torch.no_grad():
+        for n in lengths + [1]:
+            M = memory.mem.size(2)
+            _, state = lookahead_layers(model, model.word_emb(idx[:, start:start + n]), memory)
+            merged = state['mem'][0][0]                          # (B, H, M, D) layer 0
+            for P in range(max(0, start - 5), start):            # the newest memory positions (slot M - start + P)
+                expected = naive_layer0_memory_state(model, idx, P, start)
+                assert_close(merged[:, :, M - start + P], expected, atol=1e-5, rtol=0)
+                checked += 1
+            _, _, memory, _ = model(idx[:, start:start + n], memory)
+            start += n
+    assert checked > 10
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 2. what the refresh changes, and what it must not
+
+
+def test_empty_memory_gives_transformer_xl_outputs():
+    """A fresh stream has nothing to refresh: the first segment's logits are plain Transformer-XL's."""
+    model = make_model()
+    xl = xl_twin(model)
+    idx = tokens(2, 4)
+    with torch.no_grad():
+        la_logits, _, la_memory, _ = model(idx, model.init_memory(2, 'cpu'))
+        xl_logits, _, xl_memory, _ = xl(idx, xl.init_memory(2, 'cpu'))
+    assert_close(la_logits, xl_logits, atol=1e-12, rtol=0)
+    assert torch.equal(la_memory.mem[0], xl_memory.mem[0])      # layer 0's memory: the same embeddings
+
+
+def test_memory_input_of_upper_layers_is_refreshed_by_the_tokens_on_its_right():
+    """After segment A, a perturbation of layer 0's stored memory at slot j changes layer 1's memory input at the
+    slots i < j in the look-ahead window (they now see slot j) and at j itself, never at i > j (the look-ahead only
+    looks right; what i saw on its left is stored). Layer 0's memory input is the stored embeddings, refreshed by
+    nothing. With the merge switched off (α = 1) layer 1's memory input is plain Transformer-XL's memory; with it
+    on, it differs."""
+    model = make_model(seg_len=4, mem_len=6)
+    xl = xl_twin(model)
+    a, b = tokens(2, 4, seed=1), tokens(2, 4, seed=2)
+    with torch.no_grad():
+        _, _, memory, _ = model(a, model.init_memory(2, 'cpu'))
+        _, _, xl_memory, _ = xl(a, xl.init_memory(2, 'cpu'))
+        h0 = model.word_emb(b)
+        _, state = lookahead_layers(model, h0, memory)
+        base = state['mem_in']
+        M, j = 6, 4                                             # slots 2..5 valid; window = slots 3..5 + first token
+        perturbed = LookAheadMemory(**{**memory.__dict__, 'mem': memory.mem.clone()})
+        perturbed.mem[0, :, j] += torch.randn(2, 16, generator=torch.Generator().manual_seed(0), dtype=F64)
+        _, state_p = lookahead_layers(model, h0, perturbed)
+    changed0 = [differs(state_p['mem_in'][0][:, i], base[0][:, i]) for i in range(M)]
+    assert changed0 == [i == j for i in range(M)]
+    changed1 = [differs(state_p['mem_in'][1][:, i], base[1][:, i]) for i in range(2, M)]
+    assert changed1 == [True, True, True, False]                # slots 2, 3 (look right to 4), 4 itself; not 5
+
+    valid = slice(2, M)
+    assert differs(base[1][:, valid], xl_memory.mem[1][:, valid])
+    real_merge = model_xl.lookahead_merge
+    try:
+        model_xl.lookahead_merge = lambda old_vec, old_lse, new_vec, new_lse: (old_vec, old_lse)
+        with torch.no_grad():
+            _, state_off = lookahead_layers(model, h0, memory)
+    finally:
+        model_xl.lookahead_merge = real_merge
+    assert_close(state_off['mem_in'][1][:, valid], xl_memory.mem[1][:, valid], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize('same_length', [False, True])
+def test_causality_within_and_across_segments(same_length):
+    """The refresh sees up to the segment's first token only: logits before position t never change with token t."""
+    seg, L = 4, 14
+    model = make_model(seg_len=seg, mem_len=8, same_length=same_length)
+    idx = tokens(2, L)
+    with torch.no_grad():
+        base, _ = run_segments(model, idx, model.init_memory(2, 'cpu'), seg)
+        for t in (0, 2, 3, 4, 5, 8, 9, 12, 13):
+            changed = idx.clone()
+            changed[:, t] = (changed[:, t] + 1) % V
+            out, _ = run_segments(model, changed, model.init_memory(2, 'cpu'), seg)
+            assert_close(out[:, :t], base[:, :t], atol=1e-12, rtol=0)
+            assert differs(out[:, t], base[:, t])
+            nxt = (t // seg + 1) * seg
+            if nxt < L:
+                assert differs(out[:, nxt:], base[:, nxt:])      # ...later segments see it through the memory
+
+
+def test_no_gradient_reaches_past_segments():
+    model = make_model(seg_len=4, mem_len=6).train()
+    emb_outputs = []
+    hook = model.word_emb.register_forward_hook(lambda mod, args, out: emb_outputs.append(out))
+    idx = tokens(2, 13, seed=3)
+    memory = model.init_memory(2, 'cpu')
+    _, _, memory1, _ = model(idx[:, 0:4], memory, targets=idx[:, 1:5])
+    _, _, memory2, _ = model(idx[:, 4:8], memory1, targets=idx[:, 5:9])
+    _, loss3, memory3, _ = model(idx[:, 8:12], memory2, targets=idx[:, 9:13])
+    hook.remove()
+    for m in (memory1, memory2, memory3):
+        for name, value in m.__dict__.items():
+            assert value.grad_fn is None and not value.requires_grad, name
+    grads = torch.autograd.grad(loss3, emb_outputs, allow_unused=True, retain_graph=True)
+    assert grads[0] is None and grads[1] is None                # nothing flows into earlier segments' graphs
+    assert grads[2] is not None and grads[2].abs().sum() > 0
+    loss3.backward()
+    assert model.r_r_bias_future.grad.abs().sum() > 0           # v+ learns (through this step's refresh)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 3. the contract
+
+
+def test_memory_shapes_fixed_lengths_saturate_and_reset():
+    model = make_model(dtype=torch.float32, n_layer=3, seg_len=4, mem_len=10)
+    c = model.config
+    memory = model.init_memory(2, 'cpu')
+    assert isinstance(memory, Memory) and isinstance(memory, LookAheadMemory)
+
+    def shapes(m):
+        return {k: (v.shape, v.dtype, v.is_contiguous()) for k, v in m.__dict__.items()}
+
+    first = shapes(memory)
+    assert first == {'mem': ((1, 2, 10, 16), torch.float32, True), 'length': ((2,), torch.long, True),
+                     'attn_vec': ((3, 2, 2, 10, 8), torch.float32, True),
+                     'attn_lse': ((3, 2, 2, 10), torch.float32, True), 'prev_len': ((2,), torch.long, True)}
+    lengths = []
+    with torch.no_grad():
+        for n in (4, 4, 3, 4, 1):
+            _, _, memory, _ = model(tokens(2, n, seed=n), memory)
+            assert shapes(memory) == first
+            lengths.append(memory.length.tolist())
+    assert lengths == [[4, 4], [8, 8], [10, 10], [10, 10], [10, 10]]
+    assert memory.prev_len.tolist() == [1, 1]
+    assert model.init_memory(3, 'cpu', mem_len=7).attn_vec.shape == (c.n_layer, 3, c.n_head, 7, c.d_head)
+
+
+def test_reset_memory_row_equals_fresh_stream():
+    model = make_model(seg_len=4, mem_len=6)
+    with torch.no_grad():
+        _, memory = run_segments(model, tokens(3, 8, seed=5), model.init_memory(3, 'cpu'), 4)
+        reset = model.reset_memory(memory, torch.tensor([False, True, False]))
+        assert type(reset) is LookAheadMemory
+        assert reset.length.tolist() == [6, 0, 6] and reset.prev_len.tolist() == [4, 0, 4]
+        for name, value in reset.__dict__.items():
+            rows = (lambda x, b: x[b]) if value.dim() == 1 else (lambda x, b: x[:, b])   # batch dim 0 or 1
+            assert torch.equal(rows(value, 1), torch.zeros_like(rows(value, 1))), name      # emptied
+            for b in (0, 2):
+                assert torch.equal(rows(value, b), rows(getattr(memory, name), b)), name    # untouched
+        idx = tokens(3, 4, seed=6)
+        logits, _, new_memory, _ = model(idx, reset)
+        kept_logits, _, _, _ = model(idx, memory)
+        fresh_logits, _, fresh_memory, _ = model(idx[1:2], model.init_memory(1, 'cpu'))
+    assert_close(logits[1:2], fresh_logits, atol=1e-10, rtol=0)
+    assert_close(new_memory.attn_vec[:, 1:2], fresh_memory.attn_vec, atol=1e-10, rtol=0)
+    assert_close(new_memory.attn_lse[:, 1:2], fresh_memory.attn_lse, atol=1e-10, rtol=0)
+    for b in (0, 2):
+        assert_close(logits[b], kept_logits[b], atol=1e-10, rtol=0)
+    assert differs(logits[1], kept_logits[1])
+
+
+def test_lookahead_false_is_plain_transformer_xl():
+    """The flag off builds exactly the old model: same parameters, same memory type, same logits."""
+    fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, seg_len=4,
+                  mem_len=6)
+    torch.manual_seed(0)
+    old = Model(Config(**fields)).eval()
+    torch.manual_seed(0)
+    off = Model(Config(**fields, lookahead=False)).eval()
+    torch.manual_seed(0)
+    on = Model(Config(**fields, lookahead=True)).eval()
+    assert list(off.state_dict()) == list(old.state_dict())
+    assert set(on.state_dict()) == set(old.state_dict()) | {'r_r_bias_future'}
+    assert on.r_r_bias_future.shape == on.r_r_bias.shape
+    memory = off.init_memory(2, 'cpu')
+    assert type(memory) is Memory and list(memory.__dict__) == ['mem', 'length']
+    idx = tokens(2, 12)
+    with torch.no_grad():
+        a, mem_a = run_segments(old, idx, old.init_memory(2, 'cpu'), 4)
+        b, mem_b = run_segments(off, idx, memory, 4)
+        c, _ = run_segments(on, idx, on.init_memory(2, 'cpu'), 4)
+    assert torch.equal(a, b) and torch.equal(mem_a.mem, mem_b.mem)
+    assert_close(c[:, :4], a[:, :4]) and differs(c[:, 4:], a[:, 4:])   # same weights; LaMemo differs later
+    assert on.num_params() == old.num_params() + on.r_r_bias_future.numel()
+    assert on.flops_per_token() > old.flops_per_token()
+
+
+def test_different_memory_gives_different_logits_and_mem_len_override():
+    model = make_model(seg_len=4, mem_len=6)
+    idx = tokens(2, 4)
+    with torch.no_grad():
+        _, memory_a = run_segments(model, tokens(2, 8, seed=10), model.init_memory(2, 'cpu'), 4)
+        _, memory_b = run_segments(model, tokens(2, 8, seed=11), model.init_memory(2, 'cpu'), 4)
+        logits_a, _, _, _ = model(idx, memory_a)
+        logits_b, _, _, _ = model(idx, memory_b)
+        long_logits, _ = run_segments(model, tokens(2, 20, seed=12), model.init_memory(2, 'cpu', mem_len=12), 4)
+        short_logits, _ = run_segments(model, tokens(2, 20, seed=12), model.init_memory(2, 'cpu'), 4)
+    assert differs(logits_a, logits_b)
+    assert differs(long_logits[:, 8:], short_logits[:, 8:])     # an eval memory longer than training's is used
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 4. generate
+
+
+def generate_setup(with_memory, mem_len, extra, seg=4, B=2):
+    model = make_model(dtype=torch.float32, seg_len=seg, mem_len=mem_len, init_std=0.5, **extra)
+    memory = None
+    if with_memory:
+        with torch.no_grad():
+            _, memory = run_segments(model, tokens(B, 7, seed=7), model.init_memory(B, 'cpu'), [4, 3])
+    start = memory if memory is not None else model.init_memory(B, 'cpu')
+    return model, memory, start
+
+
+@pytest.mark.parametrize('prompt_len', [3, 4, 9])
+@pytest.mark.parametrize('with_memory', [False, True])
+@pytest.mark.parametrize('mem_len, extra', [(6, {}), (0, {}), (3, dict(same_length=True, clamp_len=2, pre_lnorm=True))],
+                         ids=str)
+def test_sampled_generate_matches_segmentwise_forward(prompt_len, with_memory, mem_len, extra):
+    """Replaying the same RNG on forward()'s logits (the whole sequence so far, segment by segment) picks the same
+    tokens, which checks generate's cached logits at every step, across segment boundaries and refreshes. The
+    initial memory ends with a 3-token segment, so the first look-ahead window is 3 long."""
+    seg, B, n_new = 4, 2, 11
+    model, memory, start = generate_setup(with_memory, mem_len, extra, seg, B)
+    prompt = tokens(B, prompt_len, seed=prompt_len)
+    streamed = []
+    torch.manual_seed(42)
+    out = model.generate(prompt, n_new, temperature=1.0, memory=memory, callback=streamed.append)
+    assert out.shape == (B, prompt_len + n_new) and torch.equal(out[:, :prompt_len], prompt)
+    assert torch.equal(torch.cat(streamed, dim=1), out[:, prompt_len:])
+    assert len(set(out[:, prompt_len:].flatten().tolist())) > 4
+    torch.manual_seed(42)
+    with torch.no_grad():
+        for k in range(n_new):
+            logits, _ = run_segments(model, out[:, :prompt_len + k], start, seg)
+            assert torch.equal(sample_next(logits[:, -1], 1.0)[:, 0], out[:, prompt_len + k]), k
+
+
+def test_greedy_generate_matches_segmentwise_forward():
+    model, memory, start = generate_setup(True, 6, {})
+    prompt = tokens(2, 5, seed=5)
+    out = model.generate(prompt, 9, temperature=0.0, memory=memory)
+    with torch.no_grad():
+        logits, _ = run_segments(model, out, start, 4)
+    assert torch.equal(logits[:, 4:-1].argmax(-1), out[:, 5:])
+
+
+def test_generate_rejects_empty_prompt():
+    with pytest.raises(ValueError):
+        make_model().generate(tokens(2, 0), 3)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 5. training
+
+
+def test_bf16_autocast_forward_backward():
+    model = make_model(dtype=torch.float32, dropout=0.1, dropatt=0.1).train()
+    idx = tokens(2, 13)
+    memory = model.init_memory(2, 'cpu')
+    total = 0
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        for start in (0, 4, 8):
+            logits, loss, memory, _ = model(idx[:, start:start + 4], memory, targets=idx[:, start + 1:start + 5])
+            assert memory.attn_vec.dtype == torch.float32 and memory.attn_lse.dtype == torch.float32
+            assert logits.dtype == torch.bfloat16
+            total = total + loss
+    assert torch.isfinite(total)
+    total.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_loss_goes_down_on_repeated_pattern():
+    seg, B, steps = 8, 4, 100
+    model = make_model(dtype=torch.float32, n_embd=32, d_head=16, d_inner=64, seg_len=seg, mem_len=seg).train()
+    torch.manual_seed(0)
+    pattern = torch.randint(0, V, (13,))
+    stream = pattern.repeat(steps * seg // 13 + 3)
+    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    memory = model.init_memory(B, 'cpu')
+    losses = []
+    for step in range(steps):
+        x = data[:, step * seg:(step + 1) * seg]
+        y = data[:, step * seg + 1:(step + 1) * seg + 1]
+        _, loss, memory, aux = model(x, memory, targets=y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        assert torch.equal(aux['lm_loss'], loss.detach())
+    initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
+    assert final < 0.5 * initial, (initial, final)
+
+
+def test_compiles_once(monkeypatch):
+    """3 training steps from an empty memory (0 -> 4 -> 8 valid slots): dynamo compiles the model once."""
+    monkeypatch.setattr(torch._dynamo.config, 'error_on_recompile', True)
+    torch._dynamo.reset()
+    model = make_model(dtype=torch.float32, n_layer=1, seg_len=4, mem_len=8).train()
+    compiled = torch.compile(model)
+    memory = model.init_memory(2, 'cpu')
+    idx = tokens(2, 13)
+    for start in (0, 4, 8):
+        _, loss, memory, _ = compiled(idx[:, start:start + 4], memory, idx[:, start + 1:start + 5])
+        loss.backward()
+    assert memory.length.tolist() == [8, 8]
+    torch._dynamo.reset()
