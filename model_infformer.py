@@ -29,9 +29,10 @@ Deliberate deviations (also in the README):
   - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge).
   - The randomness of sticky memories comes from torch's global RNG, which train.py seeds from --seed and saves in
     every checkpoint, so runs reproduce and resume bit-exactly (a private torch.Generator would not be saved).
-  - State lives in fixed-shape tensors: the STM buffer also holds the `seg_len` vectors that left it at the last
-    step (the authors' "augment" part of mems), and a per-count table of ridge matrices lets a row write however
-    many of them are valid, so fresh streams, short last segments and generate() need no special cases.
+  - State lives in fixed-shape tensors. The vectors that leave the STM wait in the same buffer (the authors'
+    "augment" part of mems) and enter the LTM at the start of the next step, seg_len at a time, so every write
+    uses one precomputed G. With segments of seg_len (training) this is the authors' schedule exactly; with
+    shorter segments (eval_seg_len, generate) vectors wait until seg_len of them have left the STM.
 """
 
 import math
@@ -109,11 +110,12 @@ class Config:
 @dataclass
 class Memory:
     """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once.
-    S = seg_len + mem_len slots per layer: the last mem_len are the STM; the first seg_len hold the vectors that
-    left the STM at the last step, which enter the LTM at the start of the next step."""
+    S = (2 seg_len - 1) + mem_len slots per layer: the last mem_len are the STM; the ones before hold vectors that
+    have left the STM, the newest ltm_pending of which (< 2 seg_len) have not entered the LTM yet: at the start of
+    a step, a row with ltm_pending >= seg_len writes its oldest seg_len pending vectors to the LTM."""
     mem: torch.Tensor          # (n_layer, B, S, n_embd) each layer's input hidden states, oldest first
     length: torch.Tensor       # (B,) int64, how many of the S slots (the most recent ones) are valid
-    ltm_pending: torch.Tensor  # (B,) int64, how many of the newest waiting slots (< seg_len) have not entered the LTM
+    ltm_pending: torch.Tensor  # (B,) int64, how many vectors that left the STM wait for the LTM
     ltm_B: torch.Tensor        # (n_layer, B, n_basis, n_embd) the LTM's coefficients B (Eq. 5)
     ltm_written: torch.Tensor  # (B,) int64, 1 once something was written to the row's LTM (0: its term is masked)
     ltm_hist: torch.Tensor     # (n_layer, B, sticky_bins) last step's attention histogram over [0, 1] (Eq. 14)
@@ -226,24 +228,13 @@ def ridge_matrix(positions, basis_mu, basis_sigma, ridge_lambda, pad=True):
     return G[n_pad:n_pad + L]
 
 
-def ridge_tables(config):
-    """G for every number c = 0 .. seg_len of vectors a row writes at once, laid out over the seg_len waiting
-    slots (the newest c of them; rows of older slots are zero), so that a row's B is one matmul whatever c is.
-      first[c]:     (seg_len, N)            the c vectors alone, at positions (i + 1/2)/c in [0, 1] (Eq. 5)
-      unbounded[c]: (n_samples + seg_len, N)  M old samples at m τ/M in [0, τ] (Eq. 12), then the c new vectors
-                                              at τ + (1 - τ) l/c in ]τ, 1] (Eq. 13)
-    c = 0 is all zeros (nothing written)."""
-    A, Ms, N = config.seg_len, config.n_samples, config.n_basis
-    basis_mu, basis_sigma = gaussian_basis(N, config.widths)
-    first = torch.zeros(A + 1, A, N, dtype=torch.float64)
-    unbounded = torch.zeros(A + 1, Ms + A, N, dtype=torch.float64)
-    t_past = torch.arange(1, Ms + 1, dtype=torch.float64) * config.tau / Ms
-    for c in range(1, A + 1):
-        first[c, A - c:] = ridge_matrix((torch.arange(c, dtype=torch.float64) + 0.5) / c, basis_mu, basis_sigma,
-                                        config.ridge_lambda)
-        t_new = config.tau + (1 - config.tau) * torch.arange(1, c + 1, dtype=torch.float64) / c
-        G = ridge_matrix(torch.cat([t_past, t_new]), basis_mu, basis_sigma, config.ridge_lambda)
-        unbounded[c, :Ms], unbounded[c, Ms + A - c:] = G[:Ms], G[Ms:]
+def ridge_positions(config):
+    """Eq. 5 / Eq. 13 positions of one write of L = seg_len vectors: alone, at (i + 1/2)/L in [0, 1]; after the
+    old signal, its M samples at m τ/M in [0, τ] (Eq. 12) and the new vectors at τ + (1 - τ) l/L in ]τ, 1]."""
+    L, Ms, tau = config.seg_len, config.n_samples, config.tau
+    first = (torch.arange(L, dtype=torch.float64) + 0.5) / L
+    unbounded = torch.cat([torch.arange(1, Ms + 1, dtype=torch.float64) * tau / Ms,
+                           tau + (1 - tau) * torch.arange(1, L + 1, dtype=torch.float64) / L])
     return first, unbounded
 
 
@@ -430,10 +421,12 @@ class Model(nn.Module):
 
         # The fixed parts of the continuous signal, computed once in float64 (not saved: they follow the flags).
         basis_mu, basis_sigma = gaussian_basis(config.n_basis, config.widths)
-        first, unbounded = ridge_tables(config)
+        t_first, t_unbounded = ridge_positions(config)
+        G_first = ridge_matrix(t_first, basis_mu, basis_sigma, config.ridge_lambda)             # (L, N)
+        G_unbounded = ridge_matrix(t_unbounded, basis_mu, basis_sigma, config.ridge_lambda)     # (M + L, N)
         t_linear = torch.arange(1, config.n_samples + 1, dtype=torch.float64) / config.n_samples
-        for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma), ('G_first', first),
-                            ('G_unbounded', unbounded),
+        for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma), ('G_first', G_first),
+                            ('G_unbounded', G_unbounded),
                             ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):   # ψ(m/M), (M, N)
             self.register_buffer(name, value.float(), persistent=False)
 
@@ -460,7 +453,7 @@ class Model(nn.Module):
         M = c.mem_len if mem_len is None else mem_len
         dtype = self.word_emb.weight.dtype
         zeros = lambda *shape, dt=dtype: torch.zeros(*shape, device=device, dtype=dt)
-        return Memory(mem=zeros(c.n_layer, batch_size, c.seg_len + M, c.n_embd),
+        return Memory(mem=zeros(c.n_layer, batch_size, 2 * c.seg_len - 1 + M, c.n_embd),
                       length=zeros(batch_size, dt=torch.long),
                       ltm_pending=zeros(batch_size, dt=torch.long),
                       ltm_B=zeros(c.n_layer, batch_size, c.n_basis, c.n_embd),
@@ -478,25 +471,25 @@ class Model(nn.Module):
                       ltm_hist=memory.ltm_hist * keep[None, :, None].to(memory.ltm_hist.dtype))
 
     def _ltm_writes(self, memory):
-        """How many waiting vectors each row writes to its LTM now: those that left the STM at the last step
-        (ltm_pending) and are valid. -> n_new (B,) int64 and the rows' written flag after this write (B,) int64."""
-        M = memory.mem.size(2) - self.config.seg_len
-        n_new = torch.minimum(memory.ltm_pending, (memory.length - M).clamp(min=0))
-        return n_new, torch.maximum(memory.ltm_written, (n_new > 0).long())
+        """Which rows write to their LTM now (§3.2): those with at least seg_len vectors waiting. -> (B,) bool, the
+        buffer slots (B, seg_len) of the oldest seg_len waiting vectors, and the written flags after it (B,) int64."""
+        L = self.config.seg_len
+        W = 2 * L - 1                                                                  # waiting slots
+        write = memory.ltm_pending >= L
+        slots = (W - memory.ltm_pending).clamp(max=W - L)[:, None] + torch.arange(L, device=write.device)
+        return write, slots, torch.maximum(memory.ltm_written, write.long())
 
-    def _write_ltm(self, n, memory, n_new):
+    def _write_ltm(self, n, memory, write, slots):
         """§3.2 + §3.4 for layer n: B of [old signal at M points ; the gated new vectors] (Eq. 13), or of the new
-        vectors alone when the row's LTM is empty or `unbounded` is off (Eq. 5); rows with nothing new keep their
+        vectors alone when the row's LTM is empty or `unbounded` is off (Eq. 5); rows that do not write keep their
         B. The gate's gradient flows through the new B into this step's attention; the old B is detached."""
         c = self.config
-        A = c.seg_len
         dtype = torch.promote_types(self.G_first.dtype, torch.float32)
         old_B = memory.ltm_B[n].to(dtype)                                              # (B, N, C)
-        waiting = memory.mem[n][:, :A].to(dtype)                                       # (B, A, C) oldest first
-        is_new = torch.arange(A, device=n_new.device)[None, :] >= (A - n_new)[:, None]   # (B, A)
+        new = memory.mem[n].gather(1, slots[..., None].expand(-1, -1, c.n_embd)).to(dtype)   # (B, L, C) oldest first
         with torch.autocast(device_type=old_B.device.type, enabled=False):            # the regression in float32
-            x_new = self.layers[n].attn.ltm.gated(waiting * is_new[..., None])         # X̃ (Eq. 16)
-            new_B = torch.einsum('bac,ban->bnc', x_new, self.G_first[n_new])           # Bᵀ = X̃ᵀG      (Eq. 5)
+            x_new = self.layers[n].attn.ltm.gated(new)                                 # X̃ (Eq. 16)
+            new_B = torch.einsum('blc,ln->bnc', x_new, self.G_first)                   # Bᵀ = X̃ᵀG      (Eq. 5)
             if c.unbounded:
                 if c.sticky:                                                           # §3.3: where to read
                     t = sample_sticky_points(memory.ltm_hist[n].to(dtype) + 1e-12, c.n_samples)   # (B, M)
@@ -504,19 +497,21 @@ class Model(nn.Module):
                 else:
                     psi = self.psi_linear.expand(old_B.size(0), -1, -1)                # (B, M, N) ψ(m/M)
                 x_past = psi @ old_B                                                   # (B, M, C) Eq. 11
-                X = torch.cat([x_past, x_new], dim=1)                                  # (B, M + A, C) Eq. 12
-                grown = torch.einsum('bmc,bmn->bnc', X, self.G_unbounded[n_new])       # Eq. 13
+                X = torch.cat([x_past, x_new], dim=1)                                  # (B, M + L, C) Eq. 12
+                grown = torch.einsum('bmc,mn->bnc', X, self.G_unbounded)               # Eq. 13
                 new_B = torch.where(memory.ltm_written[:, None, None] > 0, grown, new_B)
-        return torch.where((n_new > 0)[:, None, None], new_B, old_B)                   # (B, N, C)
+        return torch.where(write[:, None, None], new_B, old_B)                         # (B, N, C)
 
-    def _update_memory(self, memory, hids, ltm_Bs, written, hists, T):
-        """The STM keeps the last mem_len positions of [old ; this segment's layer inputs], and the seg_len before
-        them wait for the LTM (their T newest are the ones that just left); all detached (SG)."""
-        S = memory.mem.size(2)
+    def _update_memory(self, memory, hids, ltm_Bs, write, written, hists, T):
+        """The STM keeps the last mem_len positions of [old ; this segment's layer inputs]; the valid positions
+        pushed out of it join the vectors waiting for the LTM (minus the seg_len written at this step's start).
+        All detached (SG)."""
+        S, M = memory.mem.size(2), memory.mem.size(2) - (2 * self.config.seg_len - 1)
         cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (L, B, S+T, C)
+        left = (memory.length.clamp(max=M) + T - M).clamp(min=0)                       # (B,) valid, left the STM
         return Memory(mem=cat[:, :, T:].detach().contiguous(),                       # (L, B, S, C)
                       length=(memory.length + T).clamp(max=S),
-                      ltm_pending=torch.full_like(memory.ltm_pending, T),
+                      ltm_pending=memory.ltm_pending - self.config.seg_len * write.long() + left,
                       ltm_B=torch.stack(ltm_Bs).to(memory.ltm_B.dtype).detach().contiguous(),
                       ltm_written=written,
                       ltm_hist=torch.stack(hists).to(memory.ltm_hist.dtype).detach().contiguous())
@@ -542,18 +537,21 @@ class Model(nn.Module):
 
     def _begin_segment(self, memory):
         """What every position of a segment shares: the STM keys/values and validity, and the LTM after this
-        step's write (§3.2) with its keys/values. -> (stm_kv list, stm_valid (B, M), ltm_Bs, ltm_inputs, written)"""
+        step's write (§3.2) with its keys/values.
+        -> (stm_kv list, stm_valid (B, M), ltm_Bs, ltm_inputs, which rows wrote (B,), written flags (B,))"""
         c = self.config
         S = memory.mem.size(2)
         valid = torch.arange(S, device=memory.mem.device)[None, :] >= (S - memory.length)[:, None]   # (B, S)
-        stm_kv = [layer.attn.keys_values(memory.mem[n][:, c.seg_len:]) for n, layer in enumerate(self.layers)]
+        W = 2 * c.seg_len - 1                                                          # waiting slots
+        stm_kv = [layer.attn.keys_values(memory.mem[n][:, W:]) for n, layer in enumerate(self.layers)]
+        write, slots, written = self._ltm_writes(memory)
         if not c.ltm:
-            return stm_kv, valid[:, c.seg_len:], list(memory.ltm_B), [None] * c.n_layer, memory.ltm_written
-        n_new, written = self._ltm_writes(memory)
-        ltm_Bs = [self._write_ltm(n, memory, n_new) for n in range(c.n_layer)]
+            write = torch.zeros_like(write)
+            return stm_kv, valid[:, W:], list(memory.ltm_B), [None] * c.n_layer, write, memory.ltm_written
+        ltm_Bs = [self._write_ltm(n, memory, write, slots) for n in range(c.n_layer)]
         ltm_inputs = [(*layer.attn.ltm.keys_values(B_.to(self.word_emb.weight.dtype)), written,
                        self.basis_mu, self.basis_sigma) for layer, B_ in zip(self.layers, ltm_Bs)]
-        return stm_kv, valid[:, c.seg_len:], ltm_Bs, ltm_inputs, written
+        return stm_kv, valid[:, W:], ltm_Bs, ltm_inputs, write, written
 
     def _kl(self, mu_sigmas, written):
         """Eq. 17: mean over layers, heads and queries of KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1),
@@ -571,7 +569,7 @@ class Model(nn.Module):
         B, T = idx.shape
         if T > c.seg_len:
             raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
-        stm_kv, stm_valid, ltm_Bs, ltm_inputs, written = self._begin_segment(memory)
+        stm_kv, stm_valid, ltm_Bs, ltm_inputs, write, written = self._begin_segment(memory)
         key_valid = torch.cat([stm_valid, stm_valid.new_ones(B, T)], dim=1)          # (B, M+T)
         attn_mask = self._attn_mask(key_valid, T)                                    # (B, 1, T, M+T)
         r = self._relative_positions(key_valid.size(1), idx.device)
@@ -589,7 +587,7 @@ class Model(nn.Module):
         if c.ltm and c.sticky:                                                       # for the next step's write
             hists = [attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in mu_sigmas]
             hists = [hist / hist.sum(-1, keepdim=True) for hist in hists]
-        new_memory = self._update_memory(memory, hids, ltm_Bs, written, hists, T)
+        new_memory = self._update_memory(memory, hids, ltm_Bs, write, written, hists, T)
         loss, aux = None, {}
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -635,9 +633,9 @@ class Model(nn.Module):
         def step(tokens):
             nonlocal memory
             if not seg:                                                 # a new segment starts
-                stm_kv, stm_valid, ltm_Bs, ltm_inputs, written = self._begin_segment(memory)
+                stm_kv, stm_valid, ltm_Bs, ltm_inputs, write, written = self._begin_segment(memory)
                 seg.update(cache=stm_kv, key_valid=stm_valid, ltm_Bs=ltm_Bs, ltm_inputs=ltm_inputs,
-                           written=written, hids=[[] for _ in self.layers],
+                           write=write, written=written, hids=[[] for _ in self.layers],
                            hists=[torch.zeros_like(hist) for hist in memory.ltm_hist])
             T = tokens.size(1)
             seg['key_valid'] = torch.cat([seg['key_valid'], seg['key_valid'].new_ones(B, T)], dim=1)
@@ -655,7 +653,7 @@ class Model(nn.Module):
                 if c.ltm and c.sticky:
                     hists = [hist / hist.sum(-1, keepdim=True) for hist in seg['hists']]
                 memory = self._update_memory(memory, [torch.cat(x, dim=1) for x in seg['hids']], seg['ltm_Bs'],
-                                             seg['written'], hists, c.seg_len)
+                                             seg['write'], seg['written'], hists, c.seg_len)
                 seg.clear()
             h = self.ln_f(h[:, -1])
             return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position

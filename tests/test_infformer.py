@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import model_xl
 from model_infformer import (Config, Memory, Model, attention_histogram, evaluate_basis, expected_basis,
-                             gaussian_basis, ridge_matrix, ridge_tables, sample_sticky_points)
+                             gaussian_basis, ridge_matrix, ridge_positions, sample_sticky_points)
 
 V = 97
 F64 = torch.float64
@@ -147,21 +147,16 @@ def test_sticky_sampling_follows_histogram():
     assert ((t >= 0.5) & (t <= 0.75)).all()
 
 
-def test_ridge_tables_lay_out_each_count():
+def test_ridge_positions_and_buffers():
     cfg = Config(seg_len=6, n_basis=8, n_samples=5, basis_widths='0.05,0.1', tau=0.6, ridge_lambda=0.8)
-    first, unbounded = ridge_tables(cfg)
+    first, unbounded = ridge_positions(cfg)
+    torch.testing.assert_close(first, torch.tensor([1, 3, 5, 7, 9, 11], dtype=F64) / 12)
+    torch.testing.assert_close(unbounded, torch.tensor([0.12, 0.24, 0.36, 0.48, 0.6, 0.6 + 0.4 / 6, 0.6 + 0.8 / 6,
+                                                        0.8, 0.6 + 1.6 / 6, 0.6 + 2 / 6, 1.0], dtype=F64))
+    model = Model(cfg)
     basis_mu, basis_sigma = gaussian_basis(8, (0.05, 0.1))
-    assert first.shape == (7, 6, 8) and unbounded.shape == (7, 11, 8)
-    assert not first[0].any() and not unbounded[0].any()
-    for c in (1, 4, 6):
-        g = ridge_matrix((torch.arange(c, dtype=F64) + 0.5) / c, basis_mu, basis_sigma, 0.8)
-        torch.testing.assert_close(first[c, 6 - c:], g)
-        assert not first[c, :6 - c].any()
-        t = torch.cat([torch.arange(1, 6, dtype=F64) * 0.6 / 5, 0.6 + 0.4 * torch.arange(1, c + 1, dtype=F64) / c])
-        g = ridge_matrix(t, basis_mu, basis_sigma, 0.8)
-        torch.testing.assert_close(unbounded[c, :5], g[:5])
-        torch.testing.assert_close(unbounded[c, 11 - c:], g[5:])
-        assert not unbounded[c, 5:11 - c].any()
+    torch.testing.assert_close(model.G_unbounded, ridge_matrix(unbounded, basis_mu, basis_sigma, 0.8).float())
+    torch.testing.assert_close(model.psi_linear, evaluate_basis(torch.arange(1, 6) / 5, basis_mu, basis_sigma).float())
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -169,7 +164,6 @@ def test_ridge_tables_lay_out_each_count():
 
 
 def random_memory(model, B, length, pending, written, seed=5):
-    c = model.config
     g = torch.Generator().manual_seed(seed)
     memory = model.init_memory(B, 'cpu')
     return Memory(mem=torch.randn(memory.mem.shape, generator=g, dtype=F64),
@@ -180,30 +174,31 @@ def random_memory(model, B, length, pending, written, seed=5):
 
 
 def test_ltm_write_equals_reference():
-    """Rows: LTM already written + 4 new vectors (Eqs. 11-13); empty LTM + 4 new (Eq. 5); written + only 2 valid
-    new vectors (a stream that just started); written + nothing pending (B unchanged)."""
+    """Rows: LTM already written, 4 vectors waiting (Eqs. 11-13); empty LTM, 4 waiting (Eq. 5); written, 6 waiting
+    (after segments shorter than seg_len: the oldest 4 go); written, only 3 waiting (no write, B unchanged).
+    seg_len 4, so 7 waiting slots before the STM's 3."""
     model = make_model(seg_len=4, mem_len=3, n_basis=10, n_samples=7, tau=0.6, ridge_lambda=0.7)
     c = model.config
-    memory = random_memory(model, 4, length=[7, 7, 5, 7], pending=[4, 4, 4, 0], written=[1, 0, 1, 1])
-    n_new, written = model._ltm_writes(memory)
-    assert n_new.tolist() == [4, 4, 2, 0] and written.tolist() == [1, 1, 1, 1]
+    memory = random_memory(model, 4, length=[10, 10, 10, 10], pending=[4, 4, 6, 3], written=[1, 0, 1, 1])
+    write, slots, written = model._ltm_writes(memory)
+    assert write.tolist() == [True, True, True, False] and written.tolist() == [1, 1, 1, 1]
     basis_mu, basis_sigma = gaussian_basis(10, c.widths)
     gate = model.layers[1].attn.ltm.gate
-    got = model._write_ltm(1, memory, n_new)
+    got = model._write_ltm(1, memory, write, slots)
     for b in range(4):
-        k = n_new[b].item()
-        if k == 0:
+        pending = memory.ltm_pending[b].item()
+        if pending < 4:
             torch.testing.assert_close(got[b], memory.ltm_B[1, b])
             continue
-        x = memory.mem[1, b, 4 - k:4]                                                  # the k newest waiting
+        x = memory.mem[1, b, 7 - pending:7 - pending + 4]                              # the oldest 4 waiting
         x = torch.sigmoid(gate(x.T[None]))[0].T * x                                    # Eq. 16, zero-padded conv
         if memory.ltm_written[b]:
             s = torch.arange(1, 8, dtype=F64) / 7                                      # read the old signal at m/M
             x_past = evaluate_basis(s, basis_mu, basis_sigma) @ memory.ltm_B[1, b]
-            t = torch.cat([s * 0.6, 0.6 + 0.4 * torch.arange(1, k + 1, dtype=F64) / k])
+            t = torch.cat([s * 0.6, 0.6 + 0.4 * torch.arange(1, 5, dtype=F64) / 4])
             x = torch.cat([x_past, x])
         else:
-            t = (torch.arange(k, dtype=F64) + 0.5) / k
+            t = (torch.arange(4, dtype=F64) + 0.5) / 4
         expected = reference_ridge(t.numpy(), x.detach().numpy(), basis_mu, basis_sigma, 0.7, authors_pads(len(t)))
         np.testing.assert_allclose(got[b].detach().numpy(), expected, atol=1e-5, rtol=1e-5)
 
@@ -211,16 +206,16 @@ def test_ltm_write_equals_reference():
 def test_unbounded_false_fits_new_vectors_alone():
     model = make_model(unbounded=False)
     memory = random_memory(model, 2, length=[8, 8], pending=[4, 4], written=[1, 0])
-    n_new, _ = model._ltm_writes(memory)
-    got = model._write_ltm(0, memory, n_new)
+    write, slots, _ = model._ltm_writes(memory)
+    got = model._write_ltm(0, memory, write, slots)
     model.config.unbounded = True
-    grown = model._write_ltm(0, memory, n_new)
+    grown = model._write_ltm(0, memory, write, slots)
     torch.testing.assert_close(got[1], grown[1])                        # empty LTM: the same first fit
     assert differs(got[0], grown[0])                                    # otherwise the old signal is dropped
 
 
 def test_ltm_written_when_vectors_leave_the_stm():
-    for mem_len, first_written in ((4, 2), (8, 3), (0, 1), (6, 2)):     # (6: 2 of 4 vectors have left)
+    for mem_len, first_written in ((4, 2), (8, 3), (0, 1), (6, 3)):
         model = make_model(seg_len=4, mem_len=mem_len)
         memory = model.init_memory(2, 'cpu')
         flags = []
@@ -228,6 +223,27 @@ def test_ltm_written_when_vectors_leave_the_stm():
             _, _, memory, _ = model(tokens(2, 4, seed=s), memory)
             flags.append(memory.ltm_written.tolist())
         assert [f[0] for f in flags] == [int(s >= first_written) for s in range(5)], (mem_len, flags)
+
+
+@pytest.mark.parametrize('mem_len', [3, 0])
+def test_every_vector_leaving_the_stm_is_written_once_in_order(mem_len):
+    """Chunks of varying length (a short last segment, eval segments shorter than seg_len): the vectors the writes
+    take, followed by those still waiting, are exactly the layer-0 inputs (the scaled token embeddings) of every
+    position that has left the STM, each once, in order; each write takes seg_len of them."""
+    model = make_model(n_layer=1, mem_len=mem_len)
+    idx = tokens(1, 40)
+    memory = model.init_memory(1, 'cpu')
+    taken, pos = [], 0
+    for T in (4, 2, 3, 1, 4, 4, 2, 1, 3, 4, 4, 2, 1, 1):
+        write, slots, _ = model._ltm_writes(memory)
+        if write[0]:
+            taken.append(memory.mem[0, 0, slots[0]])
+        _, _, memory, _ = model(idx[:, pos:pos + T], memory)
+        pos += T
+    pending = memory.ltm_pending[0].item()
+    assert 4 * len(taken) + pending == pos - mem_len and pending <= 7                  # at most 2 seg_len - 1 wait
+    taken.append(memory.mem[0, 0, 7 - pending:7])
+    torch.testing.assert_close(torch.cat(taken), model.word_emb(idx[0, :pos - mem_len]), atol=0, rtol=0)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -369,15 +385,15 @@ def test_torch_compile_compiles_once():
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
-    model = make_model(dtype=torch.float32, n_layer=1, sticky=True).train()
-    compiled = torch.compile(model)
+    model = make_model(dtype=torch.float32, n_layer=1, sticky=True)
+    compiled = torch.compile(model, backend='eager')        # dynamo's guards decide recompiles, not inductor
     memory = model.init_memory(2, 'cpu')
     idx = tokens(2, 17)
     try:
-        with torch._dynamo.config.patch(error_on_recompile=True):
+        with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():   # (train.py's test: backward)
             for s in range(4):                                          # LTM empty, then written: no recompile
                 _, loss, memory, _ = compiled(idx[:, 4 * s:4 * s + 4], memory, targets=idx[:, 4 * s + 1:4 * s + 5])
-                loss.backward()
+        assert memory.ltm_written.tolist() == [1, 1]
         assert counters['stats']['unique_graphs'] == 1, dict(counters['stats'])
     finally:
         torch._dynamo.reset()
