@@ -1,0 +1,168 @@
+"""
+What every benchmark shares: the table of model variants at one matched size, building a variant through the
+model contract (SPEC §1: model_<name>.py, Config(**fields), Model, init_memory, forward, generate), the device and
+precision set-up (train.py's), timing helpers, and writing results.
+
+A variant is a dict in the format of tests/_models.py: 'model' names model_<model>.py, the rest are its Config
+fields. A variant whose model file, or one of whose Config fields, does not exist (yet) is skipped with a note
+rather than failing the whole benchmark; `--strict=True` makes that an error.
+"""
+
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import train  # noqa: E402  (train.py's flag parsing, device/dtype resolution, memory helpers)
+
+RESULTS = Path(__file__).resolve().parent / 'results'
+
+# The matched CPU size of issue 9: 4 layers, d 256, 4 heads of 64, d_inner 1024, segment 128, GPT-2 vocabulary.
+CPU_SIZE = dict(vocab_size=50304, n_layer=4, n_embd=256, n_head=4, d_head=64, d_inner=1024, seg_len=128)
+
+
+def variant_table(mem_len=128, cmem_len=64, n_basis=128):
+    """Every model variant with the fields that make its memory (the size comes separately). Memory 128,
+    compressed memory 64 at c = 2, n_basis 128 at the matched CPU size."""
+    return {
+        'baseline': dict(model='xl', mem_len=0),                      # Transformer-XL without memory
+        'xl': dict(model='xl', mem_len=mem_len),
+        'xl_lookahead': dict(model='xl', mem_len=mem_len, lookahead=True),    # LaMemo
+        'compressive': dict(model='compressive', mem_len=mem_len, cmem_len=cmem_len, compression_rate=2),
+        'infini_linear': dict(model='infini', memory_update='linear'),
+        'infini_delta': dict(model='infini', memory_update='delta'),
+        'infformer': dict(model='infformer', mem_len=mem_len, n_basis=n_basis, n_samples=n_basis),
+    }
+
+
+VARIANTS = list(variant_table())
+ZERO_FIELDS = ('dropout', 'dropatt')     # benchmarks run without dropout; set where the Config has the field
+
+
+class Skip(Exception):
+    """This variant cannot be built here (its model file or a Config field is missing)."""
+
+
+def build(spec, seed=0, **overrides):
+    """spec: {'model': name, **Config fields}; overrides win. -> (model, config). Raises Skip if the model file or
+    a field does not exist. Dropout fields that the Config has are set to 0 unless given."""
+    spec = {**spec, **overrides}
+    name = spec.pop('model')
+    if name not in train.available_models():
+        raise Skip(f"model_{name}.py is not in the repository")
+    module = train.import_model(name)
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    missing = sorted(set(spec) - fields)
+    if missing:
+        raise Skip(f"model_{name}.py's Config has no field {', '.join(missing)}")
+    for f in ZERO_FIELDS:
+        if f in fields:
+            spec.setdefault(f, 0.0)
+    config = module.Config(**spec)
+    torch.manual_seed(seed)
+    return module.Model(config), config
+
+
+def select(table, names, strict=False):
+    """The variants named in `names` (comma-separated string or list; 'all' = every one), built lazily by the
+    caller. Returns (specs {name: spec}, skipped {name: reason}) after checking each can be built."""
+    names = list(table) if names in ('all', '', None) else (names.split(',') if isinstance(names, str) else names)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise train.UserError(f"unknown variant {unknown[0]!r}; known: {', '.join(table)}")
+    specs, skipped = {}, {}
+    for n in names:
+        try:
+            build(table[n], **_probe_overrides(table[n]))
+            specs[n] = table[n]
+        except Skip as e:
+            if strict:
+                raise train.UserError(f"{n}: {e}")
+            skipped[n] = str(e)
+            print(f"skip {n}: {e}", file=sys.stderr)
+    return specs, skipped
+
+
+def _probe_overrides(spec):
+    """Build a variant at a tiny size to see whether it exists (fields absent from the spec only)."""
+    tiny = dict(vocab_size=32, n_layer=1, n_embd=16, n_head=2, d_head=8, d_inner=16, seg_len=8)
+    return {k: v for k, v in tiny.items() if k not in spec}
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Device, precision, compile (as train.py does)
+
+
+def setup(device='cpu'):
+    """-> (device, device_type). cuda: TF32 on, as train.py."""
+    device, device_type = train.resolve_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return device, device_type
+
+
+def autocast(device_type, dtype):
+    return train.autocast_context(device_type, dtype)
+
+
+def sync(device_type):
+    if device_type == 'cuda':
+        torch.cuda.synchronize()
+
+
+class Timer:
+    """Wall time of a block, synchronising the device first and last."""
+
+    def __init__(self, device_type):
+        self.device_type = device_type
+
+    def __enter__(self):
+        sync(self.device_type)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        sync(self.device_type)
+        self.seconds = time.perf_counter() - self.t0
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float('nan')
+
+
+def random_tokens(batch_size, length, vocab_size, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch_size, length), generator=g).to(device)
+
+
+def memory_bytes(memory):
+    return sum(v.numel() * v.element_size() for v in train.memory_to_dict(memory).values())
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Flags and results
+
+
+def parse(argv, config_cls):
+    """--name=value flags (and config files) for a benchmark's dataclass, with train.py's parser and errors."""
+    cfg, _, _, _ = train.parse_args(argv, train_cls=config_cls, allow_model_fields=False)
+    return cfg
+
+
+def write_json(path, payload, script, argv):
+    """The results as JSON, with the date, the torch version and the command that made them."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'torch': torch.__version__,
+               'threads': torch.get_num_threads(), 'command': ' '.join(['python', script] + list(argv)), **payload}
+    path.write_text(json.dumps(payload, indent=1) + '\n')
+    print(f"wrote {path}")
+    return path

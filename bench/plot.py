@@ -1,0 +1,165 @@
+"""
+Pictures from the benchmarks' JSON and from train.py's log.jsonl files. matplotlib is an optional dependency of
+bench/ only (`pip install matplotlib`).
+
+    python bench/plot.py loss out-xl/log.jsonl out-mem0/log.jsonl --out=bench/results/loss.png
+    python bench/plot.py speed bench/results/speed.json          # -> bench/results/speed.png
+    python bench/plot.py scaling bench/results/scaling.json
+    python bench/plot.py recall bench/results/recall.json
+"""
+
+import json
+import sys
+from pathlib import Path
+
+
+class NoMatplotlib(Exception):
+    pass
+
+
+def _plt():
+    try:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        raise NoMatplotlib("matplotlib is not installed: `pip install matplotlib` for the plots "
+                           "(the JSON results are written without it)") from None
+
+
+def _save(fig, path):
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    fig.clf()
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    print(f"wrote {path}")
+    return path
+
+
+def plot_loss(logs, out, labels=None):
+    """Training loss (and validation loss, as markers) against tokens, one line per log.jsonl."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, log in enumerate(logs):
+        records = [json.loads(line) for line in Path(log).read_text().splitlines() if line.strip()]
+        label = labels[i] if labels else Path(log).parent.name
+        train = [r for r in records if 'train/loss' in r]
+        x = [r.get('tokens', r['step']) for r in train]
+        line, = ax.plot(x, [r['train/loss'] for r in train], label=f'{label} (train)', alpha=0.8)
+        evals = [r for r in records if any(k.endswith('/loss') and not k.startswith('train') for k in r)]
+        if evals and train:
+            per_step = train[-1].get('tokens', train[-1]['step']) / train[-1]['step']
+            key = next(k for k in evals[0] if k.endswith('/loss') and not k.startswith('train'))
+            ax.plot([r['step'] * per_step for r in evals], [r[key] for r in evals], 'o', color=line.get_color(),
+                    label=f'{label} ({key})')
+    ax.set_xlabel('tokens' if logs else 'step')
+    ax.set_ylabel('loss (nats/token)')
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out)
+
+
+def plot_speed(path, out):
+    """Training tokens/s per variant and mode, as a ratio to the no-memory baseline of the same mode; and
+    generation tokens/s with the cache vs recomputing the window."""
+    plt = _plt()
+    r = json.loads(Path(path).read_text())
+    variants = list(r['train'])
+    modes = list(next(iter(r['train'].values()))) if variants else []
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(1, len(modes))
+    for i, mode in enumerate(modes):
+        ys = [r['train'][v][mode]['tokens_per_s'] for v in variants]
+        ax1.bar([j + i * width for j in range(len(variants))], ys, width, label=mode)
+    ax1.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(variants))])
+    ax1.set_xticklabels(variants, rotation=30, ha='right')
+    ax1.set_ylabel('training tokens/s')
+    ax1.set_title(f"training, batch {r['config']['batch_size']} ({r['device']})")
+    ax1.legend(fontsize=8)
+    gen = r.get('generate', {})
+    gv = list(gen)
+    ax2.bar([j - 0.2 for j in range(len(gv))], [gen[v]['cached_tokens_per_s'] for v in gv], 0.4, label='KV cache')
+    ax2.bar([j + 0.2 for j in range(len(gv))], [gen[v]['recompute_tokens_per_s'] for v in gv], 0.4,
+            label='recompute window')
+    ax2.set_yscale('log')
+    ax2.set_xticks(range(len(gv)))
+    ax2.set_xticklabels(gv, rotation=30, ha='right')
+    ax2.set_ylabel('generated tokens/s (log)')
+    ax2.set_title(f"generation, seg {r['config']['gen_seg_len']}, batch 1")
+    ax2.legend(fontsize=8)
+    return _save(fig, out)
+
+
+def plot_scaling(path, out):
+    """Step time and peak memory against the history each model can use, log-log."""
+    plt = _plt()
+    r = json.loads(Path(path).read_text())
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, s in r['series'].items():
+        xs = [p['history'] for p in s['points']]
+        ax1.plot(xs, [p['step_s'] for p in s['points']], 'o-', label=f"{name} ({s['axis']})")
+        mem = [p.get('peak_bytes') for p in s['points']]
+        if all(m is not None for m in mem):
+            ax2.plot(xs, [m / 2 ** 20 for m in mem], 'o-', label=f"{name} ({s['axis']})")
+    for ax, ylabel in ((ax1, 'training step time (s)'), (ax2, 'peak memory of a step (MiB)')):
+        ax.set_xscale('log', base=2)
+        ax.set_yscale('log')
+        ax.set_xlabel('history the model can use (tokens)')
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which='both')
+        ax.legend(fontsize=7)
+    ax1.set_title(f"batch {r['config']['batch_size']}, seg {r['size'].get('seg_len')} ({r['device']})")
+    return _save(fig, out)
+
+
+def plot_recall(path, out):
+    """Heatmaps: accuracy per model (rows) and depth / length (columns), chance in the title."""
+    plt = _plt()
+    r = json.loads(Path(path).read_text())
+    tasks = [t for t in ('passkey', 'sorting') if t in r.get('tasks', {})]
+    fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(6.5 * max(1, len(tasks)), 4.5), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        t = r['tasks'][task]
+        models = list(t['accuracy'])
+        cols = [str(c) for c in t['columns']]
+        grid = [[t['accuracy'][m].get(c, float('nan')) for c in cols] for m in models]
+        im = ax.imshow(grid, vmin=0, vmax=1, cmap='viridis', aspect='auto')
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, f'{v:.2f}', ha='center', va='center', color='w' if v < 0.6 else 'k', fontsize=8)
+        ax.set_xticks(range(len(cols)))
+        ax.set_xticklabels(cols)
+        ax.set_yticks(range(len(models)))
+        ax.set_yticklabels(models)
+        ax.set_xlabel(t['column_label'])
+        ax.set_title(f"{task}: {t['metric']} (chance {t['chance']:.2f})")
+        fig.colorbar(im, ax=ax)
+    return _save(fig, out)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ('loss', 'speed', 'scaling', 'recall'):
+        print(__doc__.strip(), file=sys.stderr)
+        sys.exit(2)
+    kind, rest = argv[0], argv[1:]
+    outs = [a.split('=', 1)[1] for a in rest if a.startswith('--out=')]
+    paths = [a for a in rest if not a.startswith('--out=')]
+    try:
+        if kind == 'loss':
+            plot_loss(paths, outs[0] if outs else 'bench/results/loss.png')
+        else:
+            fn = {'speed': plot_speed, 'scaling': plot_scaling, 'recall': plot_recall}[kind]
+            for p in paths:
+                fn(p, outs[0] if outs else Path(p).with_suffix('.png'))
+    except NoMatplotlib as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,357 @@
+"""
+Long-range recall, trained through train.py: passkey retrieval and the ∞-former paper's sorting task.
+
+    python bench/recall.py                                   # both tasks, every variant present, CPU
+    python bench/recall.py --tasks=passkey --variants=baseline,xl --tokens=500000
+    python bench/recall.py --device=cuda                     # bf16 + compile, as train.py does on a GPU
+
+For each task the data are written in train.py's format (data/README.md) to a directory under --out_dir, every
+variant is trained on it with `train.train([...flags])` (the same token budget for every model), and its
+checkpoint is then scored on fresh episodes at fixed depths (passkey) or lengths (sorting): teacher-forced
+accuracy of the answer tokens (argmax of the logits), with the memory carried segment by segment, and again with
+the memory emptied before every segment (what the memory carries).
+
+Passkey. An episode is: filler, KEY d1 d2 d3 d4 d5, filler, ASK d1 d2 d3 d4 d5, filler. The filler is a fixed
+12-token phrase repeated (predictable, so the loss concentrates on the answer), the key 5 random digits. Depth =
+distance from KEY to ASK. At evaluation the answer sits at the end of a segment, so a model that sees
+seg_len + mem_len tokens back retrieves every digit up to depth seg_len + mem_len - 5 (its window).
+Sorting (Martins et al. 2022, §4.1). L symbols of a 20-symbol vocabulary drawn from p = α p0 + (1 − α) p1, α
+rising linearly from 0 to 1 over the sequence (p0, p1 ~ Dirichlet(1) per episode), then SEP and the 20 symbols
+in decreasing order of frequency in the whole sequence (ties: smaller symbol first).
+
+The trap, and how the tasks are made learnable. With the loss on the answer only and the evidence segments back,
+a model whose memory is detached gets no gradient saying what to store. So half of the training episodes put the
+evidence where gradient reaches: the passkey and its question in the same segment (depth < seg_len), sorting
+sequences short enough that sequence and answer share a segment. The other half spread depths log-uniformly up to
+`max_depth_factor` windows (passkey) and lengths up to the longest evaluated (sorting). Episodes start at segment
+boundaries and `--reset_at_doc=True` empties the memory at each, so the only key in memory is the episode's own.
+The baseline must solve the in-segment cases (the `inside` column): if it does not, the budget is too small and
+the other columns measure nothing.
+"""
+
+import dataclasses
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+# The recall size: small enough to train in minutes per model on one CPU core.
+RECALL_SIZE = dict(vocab_size=32, n_layer=2, n_embd=64, n_head=2, d_head=32, d_inner=256, seg_len=64)
+RECALL_MEMORY = dict(mem_len=64, cmem_len=32, n_basis=64)      # window W = seg_len + mem_len = 128
+SYNTHETIC = {'infformer': dict(basis_widths='0.01,0.05')}      # the ∞-former's widths for short synthetic tasks
+
+# passkey tokens
+KEY, ASK, FILLER0, N_FILLER = 10, 11, 12, 12
+# sorting tokens
+N_SYMBOLS, SEP, PAD = 20, 20, 21
+
+
+@dataclass
+class RecallConfig:
+    tasks: str = 'passkey,sorting'
+    variants: str = 'all'
+    device: str = 'cpu'
+    tokens: int = 1_500_000        # training tokens per model per task (the same budget for every model)
+    batch_size: int = 16
+    learning_rate: float = 1e-3
+    warmup_iters: int = 100
+    grad_clip: float = 1.0
+    depths: str = '32,96,192,384,768,1024'   # passkey depths evaluated (W = 128 at the recall size)
+    max_depth_factor: float = 8.0  # passkey training depths up to this many windows
+    lengths: str = '32,1024,2048,4096'       # sorting lengths evaluated (32: sequence and answer in one segment)
+    eval_episodes: int = 64        # per depth / length
+    out_dir: str = 'out-recall'    # data, checkpoints and logs
+    out: str = str(common.RESULTS / 'recall.json')
+    seed: int = 1337
+    plot: bool = True              # write the plot (needs matplotlib)
+    strict: bool = False
+    seg_len: int = RECALL_SIZE['seg_len']
+    mem_len: int = RECALL_MEMORY['mem_len']
+    n_layer: int = RECALL_SIZE['n_layer']
+    n_embd: int = RECALL_SIZE['n_embd']
+
+    def __post_init__(self):
+        for name in ('tokens', 'batch_size', 'eval_episodes', 'seg_len', 'n_layer', 'n_embd'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for t in self.tasks.split(','):
+            if t not in ('passkey', 'sorting'):
+                raise ValueError(f"unknown task {t!r}; known: passkey, sorting")
+        if self.seg_len < 32:
+            raise ValueError("seg_len must be >= 32 (a sorting answer of 21 tokens must fit in a segment)")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Episodes. Each returns (tokens, targets): targets[i] is the answer token to predict at position i, -1 elsewhere.
+
+
+def filler(n, phase=0):
+    return FILLER0 + (np.arange(phase, phase + n) % N_FILLER)
+
+
+def passkey_episode(rng, depth, lead):
+    """lead filler tokens, KEY + 5 digits, filler up to `depth` tokens after KEY, ASK + 5 digits."""
+    digits = rng.integers(0, 10, 5)
+    body = np.concatenate([filler(lead), [KEY], digits, filler(depth - 6, phase=lead), [ASK], digits])
+    targets = np.full(len(body), -1)
+    ask = lead + depth
+    targets[ask:ask + 5] = digits                        # position ask + j predicts digit j+1 (next token)
+    return body, targets
+
+
+def passkey_train_episode(rng, T, W, max_depth_factor):
+    if rng.random() < 0.5:                               # inside one segment: gradient reaches the evidence
+        depth = int(rng.integers(6, T - 6))
+        lead = int(rng.integers(0, T - depth - 6 + 1))
+    else:                                                # log-uniform up to max_depth_factor windows
+        depth = int(np.exp(rng.uniform(np.log(T), np.log(max_depth_factor * W + 1))))
+        lead = int(rng.integers(0, T))
+    return passkey_episode(rng, depth, lead)
+
+
+def passkey_eval_episode(rng, depth, T):
+    """The answer's 5 digits are the last 5 tokens of a segment (deterministic visibility)."""
+    n_segments = math.ceil((depth + 6) / T)
+    lead = n_segments * T - 6 - depth
+    return passkey_episode(rng, depth, lead)
+
+
+def sorting_episode(rng, length):
+    p0, p1 = rng.dirichlet(np.ones(N_SYMBOLS), size=2)
+    alpha = np.linspace(0.0, 1.0, length)[:, None]
+    p = alpha * p0 + (1 - alpha) * p1                     # (L, 20), α rises from 0 to 1
+    u = rng.random((length, 1))
+    seq = np.minimum((p.cumsum(1) < u).sum(1), N_SYMBOLS - 1)
+    counts = np.bincount(seq, minlength=N_SYMBOLS)
+    answer = np.lexsort((np.arange(N_SYMBOLS), -counts))  # decreasing count, ties by symbol
+    body = np.concatenate([seq, [SEP], answer])
+    targets = np.full(len(body), -1)
+    targets[length:length + N_SYMBOLS] = answer           # SEP predicts answer[0], answer[j] predicts answer[j+1]
+    return body, targets
+
+
+def sorting_train_episode(rng, T, max_length):
+    if rng.random() < 0.5:                               # sequence and answer in one segment
+        length = int(rng.integers(8, T - N_SYMBOLS))
+    else:
+        length = int(np.exp(rng.uniform(np.log(T), np.log(max_length + 1))))
+    return sorting_episode(rng, length)
+
+
+def window_reference(rng, length, window, n=2000):
+    """Accuracy of sorting by the frequencies in the last `window` symbols only (what a model that sees no further
+    back than its window could at best infer from counts), on fresh episodes."""
+    correct = 0
+    for _ in range(n):
+        body, targets = sorting_episode(rng, length)
+        seq = body[:length][-window:]
+        counts = np.bincount(seq, minlength=N_SYMBOLS)
+        guess = np.lexsort((np.arange(N_SYMBOLS), -counts))
+        correct += (guess == targets[length:length + N_SYMBOLS]).sum()
+    return correct / (n * N_SYMBOLS)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Data in train.py's format
+
+
+def pad_to(body, targets, T, pad_token):
+    n = -len(body) % T
+    if n:
+        pad = filler(n) if pad_token is None else np.full(n, pad_token)
+        body = np.concatenate([body, pad])
+        targets = np.concatenate([targets, np.full(n, -1)])
+    return body, targets
+
+
+def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
+    """n_streams streams of exactly n_segments segments of whole episodes (the last one cut), so every episode
+    starts at a segment boundary; train_docs.npy marks the episode starts (for --reset_at_doc)."""
+    T, W = cfg.seg_len, cfg.seg_len + cfg.mem_len
+    rng = np.random.default_rng(seed)
+    max_length = max(int(v) for v in cfg.lengths.split(','))
+    streams, starts = [], []
+    for s in range(n_streams):
+        parts, n = [], 0
+        while n < n_segments * T:
+            if task == 'passkey':
+                body, targets = passkey_train_episode(rng, T, W, cfg.max_depth_factor)
+                body, _ = pad_to(body, targets, T, None)
+            else:
+                body, targets = sorting_train_episode(rng, T, max_length)
+                body, _ = pad_to(body, targets, T, PAD)
+            starts.append(s * n_segments * T + n)
+            parts.append(body)
+            n += len(body)
+        streams.append(np.concatenate(parts)[:n_segments * T])
+    train_tokens = np.concatenate(streams + [[PAD if task == 'sorting' else FILLER0]])   # + 1: the last target
+    valid = np.concatenate([pad_to(*(passkey_eval_episode(rng, 96, T) if task == 'passkey'
+                                     else sorting_episode(rng, 256)), T, PAD if task == 'sorting' else None)[0]
+                            for _ in range(16)] + [[0]])
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    train_tokens.astype(np.uint16).tofile(data_dir / 'train.bin')
+    for split in ('validation', 'test'):
+        valid.astype(np.uint16).tofile(data_dir / f'{split}.bin')
+    np.save(data_dir / 'train_docs.npy', np.asarray([s for s in starts if s < len(train_tokens) - 1], np.int64))
+    meta = {'dataset': f'recall-{task}', 'vocab_size': RECALL_SIZE['vocab_size'],
+            'splits': {k: {'tokens': int(len(v))} for k, v in (('train', train_tokens), ('validation', valid))}}
+    (data_dir / 'meta.json').write_text(json.dumps(meta))
+    return data_dir
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Training (train.py) and scoring
+
+
+def model_fields(spec, size, cfg):
+    """The variant's Config fields at the recall size (memory lengths from cfg)."""
+    fields = {**spec, **size}
+    name = fields.pop('model')
+    fields.update(SYNTHETIC.get(name, {}))
+    module = common.train.import_model(name)
+    known = {f.name for f in dataclasses.fields(module.Config)}
+    for f in common.ZERO_FIELDS:
+        if f in known:
+            fields.setdefault(f, 0.0)
+    return name, fields
+
+
+def train_variant(task, variant, spec, size, cfg, data_dir, out_dir):
+    name, fields = model_fields(spec, size, cfg)
+    steps = max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len))
+    argv = [f'--model={name}', f'--data_dir={data_dir}', f'--out_dir={out_dir}', f'--device={cfg.device}',
+            f'--batch_size={cfg.batch_size}', f'--max_iters={steps}', f'--learning_rate={cfg.learning_rate}',
+            f'--warmup_iters={min(cfg.warmup_iters, steps // 10)}', f'--grad_clip={cfg.grad_clip}',
+            f'--eval_interval={steps}', '--eval_tokens=2048', f'--log_interval={max(1, min(50, steps // 10))}',
+            '--reset_at_doc=True', f'--seed={cfg.seed}', '--min_lr=1e-4'] + [f'--{k}={v}' for k, v in fields.items()]
+    if Path(out_dir).exists():
+        shutil.rmtree(out_dir)                           # a fresh run (train.py appends to log.jsonl)
+    t0 = time.perf_counter()
+    common.train.train(argv)
+    return argv, time.perf_counter() - t0, steps
+
+
+@torch.no_grad()
+def score(model, episodes, T, device, ctx, reset_every_segment=False):
+    """Teacher-forced accuracy of the answer tokens of equally long episodes [(tokens, targets)], memory carried
+    segment by segment from an empty memory (or emptied before every segment). -> (token accuracy, exact rate)"""
+    x = torch.as_tensor(np.stack([e[0] for e in episodes]), dtype=torch.long, device=device)    # (N, L)
+    y = torch.as_tensor(np.stack([e[1] for e in episodes]), dtype=torch.long, device=device)    # (N, L)
+    N = x.size(0)
+    memory = model.init_memory(N, device)
+    correct = torch.zeros(N, device=device)
+    for start in range(0, x.size(1), T):
+        if reset_every_segment:
+            memory = model.reset_memory(memory, torch.ones(N, dtype=torch.bool, device=device))
+        with ctx:
+            logits, _, memory, _ = model(x[:, start:start + T], memory)
+        target = y[:, start:start + T]
+        correct += ((logits.argmax(-1) == target) & (target >= 0)).sum(1)
+    count = (y >= 0).sum(1)
+    return float(correct.sum() / count.sum()), float((correct == count).float().mean())
+
+
+def eval_columns(task, cfg):
+    if task == 'passkey':
+        return [int(d) for d in cfg.depths.split(',')]
+    return [int(v) for v in cfg.lengths.split(',')]
+
+
+def evaluate_variant(task, out_dir, cfg, device, device_type):
+    ckpt = common.train.load_checkpoint(Path(out_dir) / 'ckpt.pt', device)
+    _, _, model = common.train.model_from_checkpoint(ckpt, out_dir)
+    model.to(device).eval()
+    ctx = common.autocast(device_type, common.train.resolve_dtype('auto', device_type))
+    T = cfg.seg_len
+    acc, exact, acc_reset = {}, {}, {}
+    for col in eval_columns(task, cfg):
+        rng = np.random.default_rng(cfg.seed + col)          # the same episodes for every model
+        if task == 'passkey':
+            eps = [passkey_eval_episode(rng, col, T) for _ in range(cfg.eval_episodes)]
+        else:
+            eps = [pad_to(*sorting_episode(rng, col), T, PAD) for _ in range(cfg.eval_episodes)]
+        acc[str(col)], exact[str(col)] = score(model, eps, T, device, ctx)
+        acc_reset[str(col)], _ = score(model, eps, T, device, ctx, reset_every_segment=True)
+    return acc, exact, acc_reset
+
+
+def final_aux(out_dir):
+    """The last logged training values (loss, gates, auxiliary losses) of a run, from its log.jsonl."""
+    records = [json.loads(line) for line in (Path(out_dir) / 'log.jsonl').read_text().splitlines()]
+    train_records = [r for r in records if 'train/loss' in r]
+    evals = [r for r in records if 'validation/loss' in r]
+    out = {k: v for k, v in (train_records[-1] if train_records else {}).items() if k.startswith('train/')}
+    if evals:
+        out['validation/loss'] = evals[-1]['validation/loss']
+    return out
+
+
+def run(cfg, specs, size, argv=(), skipped=None):
+    device, device_type = common.setup(cfg.device)
+    W = cfg.seg_len + cfg.mem_len
+    result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
+              'device': device, 'window': W, 'tasks': {}}
+    for task in [t for t in cfg.tasks.split(',') if t]:
+        n_segments = max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len))
+        data_dir = write_task_data(task, Path(cfg.out_dir) / f'data-{task}', cfg, cfg.batch_size, n_segments,
+                                   cfg.seed)
+        cols = eval_columns(task, cfg)
+        t = {'columns': cols, 'accuracy': {}, 'exact': {}, 'accuracy_memory_emptied': {}, 'runs': {},
+             'column_label': 'depth (tokens from KEY to ASK)' if task == 'passkey' else 'sequence length',
+             'metric': 'digit accuracy' if task == 'passkey' else 'position accuracy',
+             'chance': 0.1 if task == 'passkey' else 1 / N_SYMBOLS}
+        if task == 'sorting':
+            rng = np.random.default_rng(cfg.seed)
+            t['window_reference'] = {f'{w} tokens': {str(L): window_reference(rng, L, w, n=300) for L in cols}
+                                     for w in (cfg.seg_len, W)}
+        for variant, spec in specs.items():
+            out_dir = Path(cfg.out_dir) / task / variant
+            argv_train, seconds, steps = train_variant(task, variant, spec, size, cfg, data_dir, out_dir)
+            acc, exact, acc_reset = evaluate_variant(task, out_dir, cfg, device, device_type)
+            t['accuracy'][variant], t['exact'][variant], t['accuracy_memory_emptied'][variant] = acc, exact, acc_reset
+            t['runs'][variant] = {'train_argv': argv_train, 'train_seconds': seconds, 'steps': steps,
+                                  'final': final_aux(out_dir)}
+            print(f"{task} {variant}: " + ', '.join(f'{c}: {a:.2f}' for c, a in acc.items())
+                  + f"  (memory emptied: {', '.join(f'{a:.2f}' for a in acc_reset.values())}; {seconds:.0f} s)",
+                  flush=True)
+        result['tasks'][task] = t
+        common.write_json(cfg.out, result, 'bench/recall.py', argv)   # after every task: partial results survive
+    if not cfg.plot:
+        return result
+    try:
+        import plot
+        plot.plot_recall(cfg.out, Path(cfg.out).with_suffix('.png'))
+        for task in result['tasks']:
+            logs = [Path(cfg.out_dir) / task / v / 'log.jsonl' for v in specs]
+            plot.plot_loss([p for p in logs if p.exists()], Path(cfg.out).with_name(f'recall_{task}_loss.png'),
+                           labels=[v for v, p in zip(specs, logs) if p.exists()])
+    except plot.NoMatplotlib as e:
+        print(e)
+    return result
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+
+    def go(argv):
+        cfg = common.parse(argv, RecallConfig)
+        table = common.variant_table(mem_len=cfg.mem_len, cmem_len=cfg.mem_len // 2, n_basis=cfg.mem_len)
+        specs, skipped = common.select(table, cfg.variants, cfg.strict)
+        size = {**RECALL_SIZE, 'seg_len': cfg.seg_len, 'n_layer': cfg.n_layer, 'n_embd': cfg.n_embd}
+        run(cfg, specs, size, argv, skipped)
+    common.train.run_cli(go, argv)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,324 @@
+"""
+Speed of every model variant at one matched size: training tokens/s (forward + backward + AdamW, memory carried)
+in eager fp32, bf16 autocast, torch.compile and compile + bf16; evaluation tokens/s; generation tokens/s with
+the model's KV cache against recomputing the open window through forward().
+
+    python bench/speed.py                                   # CPU, the matched size, every variant present
+    python bench/speed.py --variants=baseline,xl --steps=20
+    python bench/speed.py --device=cuda --batch_size=32     # a GPU
+    python bench/speed.py --profile=xl_lookahead            # + torch.profiler tables of one eager fp32 step
+
+Background load from other processes moves absolute numbers, so everything runs in one process with the
+variants and modes interleaved round by round (each round runs one step of every entry), and we report medians
+over the timed rounds and ratios to the no-memory baseline measured in the same rounds.
+"""
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+MODES = {  # name: (compiled, autocast dtype)
+    'eager': (False, 'float32'),
+    'bf16': (False, 'bfloat16'),
+    'compile': (True, 'float32'),
+    'compile_bf16': (True, 'bfloat16'),
+}
+
+
+@dataclass
+class SpeedConfig:
+    variants: str = 'all'          # comma-separated names from common.variant_table(), or all
+    device: str = 'cpu'            # cpu, cuda, auto
+    modes: str = 'eager,bf16,compile,compile_bf16'
+    batch_size: int = 8
+    warmup: int = 3                # untimed rounds first (compilation happens in them)
+    steps: int = 10                # timed rounds: medians over these
+    eval_modes: str = 'eager,bf16'  # train.py evaluates the uncompiled model
+    gen_seg_len: int = 512         # generation: segment length of the generating models
+    gen_tokens: int = 32           # tokens generated per timing, after a prompt of gen_seg_len / 2 tokens
+    gen_rounds: int = 3
+    profile: str = ''              # variants to profile (torch.profiler, one eager fp32 training step)
+    out: str = str(common.RESULTS / 'speed.json')
+    plot: bool = True              # write the plot (needs matplotlib)
+    strict: bool = False           # a missing model file or Config field is an error, not a skip
+
+    def __post_init__(self):
+        for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.gen_tokens < 2:
+            raise ValueError("gen_tokens must be >= 2 (the time per token is measured between tokens)")
+        for field in ('modes', 'eval_modes'):
+            for m in getattr(self, field).split(','):
+                if m and m not in MODES:
+                    raise ValueError(f"unknown mode {m!r} in {field}; known: {', '.join(MODES)}")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Training and evaluation steps
+
+
+class Entry:
+    """One (variant, mode) timed in the rounds: its own memory and data, the variant's shared weights."""
+
+    def __init__(self, variant, mode, model, compiled, optimizer, dtype, device, device_type, batch_size):
+        self.variant, self.mode = variant, mode
+        self.model, self.compiled, self.optimizer = model, compiled, optimizer
+        self.ctx = common.autocast(device_type, dtype)
+        c = model.config
+        self.memory = model.init_memory(batch_size, device)
+        self.data = [common.random_tokens(batch_size, c.seg_len + 1, c.vocab_size, seed=i, device=device)
+                     for i in range(4)]
+        self.n = 0
+        self.times = []
+        self.tokens = batch_size * c.seg_len
+
+    def batch(self):
+        chunk = self.data[self.n % len(self.data)]
+        self.n += 1
+        return chunk[:, :-1], chunk[:, 1:]
+
+    def train_step(self):
+        x, y = self.batch()
+        with self.ctx:
+            _, loss, memory, _ = self.compiled(x, self.memory, y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.memory = common.train.detach_memory(memory)
+
+    @torch.no_grad()
+    def eval_step(self):
+        x, _ = self.batch()
+        with self.ctx:
+            _, _, self.memory, _ = self.model(x, self.memory)
+
+
+def run_rounds(entries, step, warmup, steps, device_type, label):
+    """Round-robin: every round runs one step of every entry; the first `warmup` rounds are not timed."""
+    for r in range(warmup + steps):
+        t_round = time.perf_counter()
+        for e in entries:
+            with common.Timer(device_type) as t:
+                step(e)
+            if r >= warmup:
+                e.times.append(t.seconds)
+            elif r == 0:
+                e.first_step_s = t.seconds                    # includes compilation for compiled modes
+        print(f"{label} round {r + 1}/{warmup + steps}: {time.perf_counter() - t_round:.1f} s", flush=True)
+
+
+def summarise(entries):
+    """{variant: {mode: {tokens_per_s, step_s_median, first_step_s, ratio_to_baseline}}}"""
+    out = {}
+    for e in entries:
+        t = common.median(e.times)
+        out.setdefault(e.variant, {})[e.mode] = {
+            'tokens_per_s': e.tokens / t, 'step_s_median': t, 'step_s': e.times,
+            'first_step_s': getattr(e, 'first_step_s', None)}
+    base = out.get('baseline', {})
+    for modes in out.values():
+        for mode, r in modes.items():
+            if mode in base:
+                r['ratio_to_baseline'] = r['tokens_per_s'] / base[mode]['tokens_per_s']
+        if 'eager' in modes:
+            for mode, r in modes.items():
+                r['ratio_to_eager'] = r['tokens_per_s'] / modes['eager']['tokens_per_s']
+    return out
+
+
+def make_optimizer(model, device_type):
+    """AdamW as train.py builds it (fused on CUDA)."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device_type == 'cuda')
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Generation: the model's cache against recomputing the open window
+
+
+@torch.no_grad()
+def generate_recompute(model, idx, max_new_tokens, memory=None, callback=None):
+    """Greedy generation without a KV cache, through forward() only: every new token re-runs the open segment
+    (the tokens since the last segment boundary) on top of the memory; a full segment becomes memory, as
+    forward() would make it. The prompt is cut into segments from its start, as generate() cuts it."""
+    T = model.config.seg_len
+    memory = model.init_memory(idx.size(0), idx.device) if memory is None else memory
+    window = idx
+    while window.size(1) > T:
+        _, _, memory, _ = model(window[:, :T], memory)
+        window = window[:, T:]
+    logits, _, next_memory, _ = model(window, memory)
+    out = [idx]
+    for i in range(max_new_tokens):
+        token = logits[:, -1].argmax(-1, keepdim=True)                # (B, 1), temperature 0
+        out.append(token)
+        if callback is not None:
+            callback(token)
+        if i + 1 == max_new_tokens:
+            break
+        if window.size(1) == T:                                       # the segment is complete: it is memory now
+            memory, window = next_memory, token
+        else:
+            window = torch.cat([window, token], dim=1)
+        logits, _, next_memory, _ = model(window, memory)
+    return torch.cat(out, dim=1)
+
+
+def time_generation(fn, device_type):
+    """Seconds per token between the first and the last sampled token (the prompt is not counted)."""
+    stamps = []
+
+    def callback(_):
+        common.sync(device_type)
+        stamps.append(time.perf_counter())
+    tokens = fn(callback)
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), tokens
+
+
+def bench_generation(specs, size, cfg, device, device_type):
+    dtype = common.train.resolve_dtype('auto', device_type)
+    ctx = common.autocast(device_type, dtype)
+    models = {}
+    for name, spec in specs.items():
+        model, _ = common.build(spec, **{**size, 'seg_len': cfg.gen_seg_len})
+        models[name] = model.to(device).eval()
+    vocab = next(iter(models.values())).config.vocab_size
+    prompt = common.random_tokens(1, cfg.gen_seg_len // 2, vocab, seed=7, device=device)
+    times = {n: {'cached': [], 'recompute': []} for n in models}
+    same = {}
+    for r in range(cfg.gen_rounds + 1):                               # round 0 is a warm-up
+        for name, model in models.items():
+            with ctx:
+                t_c, a = time_generation(lambda cb: model.generate(prompt, cfg.gen_tokens, temperature=0.0,
+                                                                   callback=cb), device_type)
+                t_r, b = time_generation(lambda cb: generate_recompute(model, prompt, cfg.gen_tokens,
+                                                                       callback=cb), device_type)
+            if r:
+                times[name]['cached'].append(t_c)
+                times[name]['recompute'].append(t_r)
+            same[name] = bool(torch.equal(a, b))
+        print(f"generation round {r}/{cfg.gen_rounds}", flush=True)
+    out = {}
+    for name, t in times.items():
+        c, rc = common.median(t['cached']), common.median(t['recompute'])
+        out[name] = {'cached_tokens_per_s': 1 / c, 'recompute_tokens_per_s': 1 / rc, 'speedup': rc / c,
+                     'same_greedy_tokens': same[name]}
+    return out
+
+
+# -----------------------------------------------------------------------------------------------------------
+
+
+def profile_step(entry, path):
+    """torch.profiler over two eager training steps: the ops that cost, by self time."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    entry.train_step()
+    with profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(2):
+            entry.train_step()
+    key = 'self_cuda_time_total' if torch.cuda.is_available() else 'self_cpu_time_total'
+    table = prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=30, max_name_column_width=50)
+    Path(path).write_text(table)
+    print(f"wrote {path}")
+
+
+def run(cfg, specs, size, argv=(), skipped=None):
+    device, device_type = common.setup(cfg.device)
+    modes = [m for m in cfg.modes.split(',') if m]
+    eval_modes = [m for m in cfg.eval_modes.split(',') if m]
+    models = {}
+    for name, spec in specs.items():
+        model, _ = common.build(spec, **size)
+        model.to(device).train()
+        models[name] = (model, torch.compile(model) if any(MODES[m][0] for m in modes) else None,
+                        make_optimizer(model, device_type))
+    n_params = {name: sum(p.numel() for p in m.parameters()) for name, (m, _, _) in models.items()}
+
+    def entries(mode_list):
+        return [Entry(name, mode, m, c if MODES[mode][0] else m, opt, MODES[mode][1], device, device_type,
+                      cfg.batch_size) for mode in mode_list for name, (m, c, opt) in models.items()]
+
+    train_entries = entries(modes)
+    run_rounds(train_entries, Entry.train_step, cfg.warmup, cfg.steps, device_type, 'train')
+    for m, _, _ in models.values():
+        m.eval()
+    eval_entries = entries(eval_modes)
+    run_rounds(eval_entries, Entry.eval_step, min(cfg.warmup, 2), cfg.steps, device_type, 'eval')
+    for m, _, _ in models.values():
+        m.train()
+    for name in [n for n in cfg.profile.split(',') if n]:
+        if name in models:
+            m, _, opt = models[name]
+            profile_step(Entry(name, 'eager', m, m, opt, 'float32', device, device_type, cfg.batch_size),
+                         Path(cfg.out).with_name(f'profile_{name}.txt'))
+    generation = bench_generation(specs, size, cfg, device, device_type)
+
+    result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
+              'device': device, 'n_params': n_params,
+              'train': summarise(train_entries), 'eval': summarise(eval_entries), 'generate': generation}
+    result['targets'] = check_targets(result)
+    common.write_json(cfg.out, result, 'bench/speed.py', argv)
+    print_table(result)
+    if not cfg.plot:
+        return result
+    try:
+        import plot
+        plot.plot_speed(cfg.out, Path(cfg.out).with_suffix('.png'))
+    except plot.NoMatplotlib as e:
+        print(e)
+    return result
+
+
+def check_targets(result):
+    """Issue 9's targets: training tokens/s of every memory model >= 0.75x the baseline's (per mode);
+    compile + bf16 >= 1.8x eager fp32 for every model; generation with the cache >= 5x recomputing."""
+    out = {}
+    for name, modes in result['train'].items():
+        t = {}
+        if name != 'baseline':
+            t.update({f'{mode}_vs_baseline>=0.75': r['ratio_to_baseline'] >= 0.75
+                      for mode, r in modes.items() if 'ratio_to_baseline' in r})
+        if 'compile_bf16' in modes and 'eager' in modes:
+            t['compile_bf16_vs_eager>=1.8'] = modes['compile_bf16']['ratio_to_eager'] >= 1.8
+        if name in result['generate']:
+            t['generate_cache>=5x'] = result['generate'][name]['speedup'] >= 5
+        out[name] = t
+    return out
+
+
+def print_table(result):
+    modes = list(next(iter(result['train'].values())).keys()) if result['train'] else []
+    print(f"\ntraining tokens/s (ratio to baseline) | eval tokens/s | generation cached / recompute")
+    for name, r in result['train'].items():
+        cells = ' '.join(f"{m} {r[m]['tokens_per_s']:,.0f} ({r[m].get('ratio_to_baseline', float('nan')):.2f})"
+                         for m in modes)
+        ev = ' '.join(f"{m} {v['tokens_per_s']:,.0f}" for m, v in result['eval'].get(name, {}).items())
+        g = result['generate'].get(name)
+        gen = f"{g['cached_tokens_per_s']:,.1f} / {g['recompute_tokens_per_s']:,.1f} ({g['speedup']:.1f}x)" if g else ''
+        print(f"{name:14s} {cells} | {ev} | {gen}")
+    for name, t in result['targets'].items():
+        missed = [k for k, ok in t.items() if not ok]
+        if missed:
+            print(f"MISSED {name}: {', '.join(missed)}")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+
+    def go(argv):
+        cfg = common.parse(argv, SpeedConfig)
+        specs, skipped = common.select(common.variant_table(), cfg.variants, cfg.strict)
+        run(cfg, specs, common.CPU_SIZE, argv, skipped)
+    common.train.run_cli(go, argv)
+
+
+if __name__ == '__main__':
+    main()

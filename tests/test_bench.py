@@ -1,0 +1,220 @@
+"""
+Smoke runs of bench/ (speed, scaling, recall, plot) at tiny sizes, for every model variant in the repository, so
+the benchmarks never rot; plus checks of what the benchmarks rely on: the passkey and sorting episodes are what
+they claim, recomputing the window gives the cached generation's tokens, a Infini / ∞-former state does not grow
+with the history, and a model without memory scores the same with its memory emptied.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / 'bench'))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import plot  # noqa: E402
+import recall  # noqa: E402
+import scaling  # noqa: E402
+import speed  # noqa: E402
+from _models import TINY_MODELS  # noqa: E402
+
+# bench variant -> its tiny config (tests/_models.py), with the variant's own memory fields
+TINY_VARIANTS = {
+    'baseline': dict(TINY_MODELS['xl'], mem_len=0),
+    'xl': TINY_MODELS['xl'],
+    'xl_lookahead': TINY_MODELS['xl_lookahead'],
+    'compressive': TINY_MODELS['compressive'],
+    'infini_linear': dict(TINY_MODELS['infini'], memory_update='linear'),
+    'infini_delta': dict(TINY_MODELS['infini'], memory_update='delta'),
+    'infformer': TINY_MODELS['infformer'],
+}
+
+
+def present(name):
+    try:
+        common.build(TINY_VARIANTS[name])
+        return True
+    except common.Skip:
+        return False
+
+
+def has_matplotlib():
+    try:
+        plot._plt()
+        return True
+    except plot.NoMatplotlib:
+        return False
+
+
+def variant_params(names):
+    return [pytest.param(n, marks=pytest.mark.skipif(not present(n), reason=f'{n} is not in the repository'))
+            for n in names]
+
+
+def test_tiny_table_covers_the_bench_table():
+    assert set(TINY_VARIANTS) == set(common.variant_table())
+
+
+# -----------------------------------------------------------------------------------------------------------
+# speed
+
+
+@pytest.mark.parametrize('variant', variant_params(TINY_VARIANTS))
+def test_speed_smoke(variant, tmp_path):
+    names = ['baseline'] + ([variant] if variant != 'baseline' else [])
+    cfg = speed.SpeedConfig(modes='eager,bf16', eval_modes='eager', batch_size=2, warmup=1, steps=1,
+                            gen_seg_len=8, gen_tokens=4, gen_rounds=1, out=str(tmp_path / 'speed.json'), plot=False)
+    speed.run(cfg, {n: TINY_VARIANTS[n] for n in names}, {})
+    r = json.loads((tmp_path / 'speed.json').read_text())
+    for n in names:
+        assert r['train'][n]['eager']['tokens_per_s'] > 0 and r['train'][n]['bf16']['tokens_per_s'] > 0
+        assert r['eval'][n]['eager']['tokens_per_s'] > 0
+        # recomputing the window through forward() picks the cached generate()'s greedy tokens
+        assert r['generate'][n]['same_greedy_tokens'], n
+    assert r['train']['baseline']['eager']['ratio_to_baseline'] == 1.0
+    assert 'command' in r and 'date' in r
+    if variant == 'xl' and has_matplotlib():
+        assert plot.plot_speed(tmp_path / 'speed.json', tmp_path / 'speed.png').stat().st_size > 1000
+
+
+def test_generate_recompute_crosses_segments():
+    """The no-cache path commits a full window to memory exactly where generate() does (prompt longer than a
+    segment, generation across two more boundaries)."""
+    import torch
+    model, c = common.build(TINY_VARIANTS['xl'])
+    model.eval()
+    prompt = common.random_tokens(2, c.seg_len + 3, c.vocab_size, seed=0, device='cpu')
+    a = model.generate(prompt, 2 * c.seg_len + 1, temperature=0.0)
+    b = speed.generate_recompute(model, prompt, 2 * c.seg_len + 1)
+    assert torch.equal(a, b)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# scaling
+
+
+@pytest.mark.parametrize('variant', variant_params(scaling.AXIS))
+def test_scaling_smoke(variant, tmp_path):
+    cfg = scaling.ScalingConfig(batch_size=2, warmup=1, steps=1, mem_lens='8,16', cmem_lens='4,8',
+                                histories='16,48', out=str(tmp_path / 'scaling.json'), plot=False)
+    scaling.run(cfg, {variant: TINY_VARIANTS[variant]}, {})
+    s = json.loads((tmp_path / 'scaling.json').read_text())['series'][variant]
+    assert len(s['points']) == 2
+    assert all(p['step_s'] > 0 and p['peak_bytes'] > 0 for p in s['points'])
+    sizes = [p['state_bytes'] for p in s['points']]
+    if s['axis'] == 'tokens read':
+        assert sizes[0] == sizes[1]                 # a fixed-size state, whatever has been read
+    else:
+        assert sizes[0] < sizes[1]                  # the memory grows with the history it covers
+    if variant == 'xl' and has_matplotlib():
+        assert plot.plot_scaling(tmp_path / 'scaling.json', tmp_path / 'scaling.png').stat().st_size > 1000
+
+
+# -----------------------------------------------------------------------------------------------------------
+# recall: the tasks, then a smoke run through train.py
+
+
+def test_passkey_eval_episode_puts_the_answer_at_the_end_of_a_segment():
+    rng = np.random.default_rng(0)
+    T = 32
+    for depth in (10, 26, 40, 100):
+        body, targets = recall.passkey_eval_episode(rng, depth, T)
+        assert len(body) % T == 0
+        answer = np.flatnonzero(targets >= 0)
+        assert list(answer) == list(range(len(body) - 6, len(body) - 1))     # predicted from the last 6 inputs
+        key = int(np.flatnonzero(body == recall.KEY)[0])
+        ask = int(np.flatnonzero(body == recall.ASK)[0])
+        assert ask - key == depth
+        assert list(body[key + 1:key + 6]) == list(targets[answer]) == list(body[ask + 1:ask + 6])
+        assert (body == recall.KEY).sum() == 1 and (body == recall.ASK).sum() == 1
+
+
+def test_passkey_training_mixes_in_segment_and_long_depths():
+    rng = np.random.default_rng(0)
+    T, W = 32, 64
+    inside = 0
+    for _ in range(200):
+        body, _ = recall.passkey_train_episode(rng, T, W, 8.0)
+        key, ask = int(np.flatnonzero(body == recall.KEY)[0]), int(np.flatnonzero(body == recall.ASK)[0])
+        inside += key // T == (ask + 5) // T                      # key and whole answer in one segment
+        assert ask - key <= 8 * W + 1
+    assert 70 < inside < 130
+
+
+def test_sorting_answer_is_decreasing_frequency():
+    rng = np.random.default_rng(0)
+    body, targets = recall.sorting_episode(rng, 500)
+    seq, answer = body[:500], targets[500:520]
+    counts = np.bincount(seq, minlength=recall.N_SYMBOLS)
+    assert sorted(answer) == list(range(recall.N_SYMBOLS))
+    assert all(counts[answer[i]] >= counts[answer[i + 1]] for i in range(recall.N_SYMBOLS - 1))
+    assert body[500] == recall.SEP and (targets[:500] == -1).all()
+    # the distribution drifts: the first and last halves disagree on the most frequent symbol more often than not
+    firsts = [np.bincount(recall.sorting_episode(rng, 400)[0][:200], minlength=20).argmax() !=
+              np.bincount(recall.sorting_episode(rng, 400)[0][200:400], minlength=20).argmax() for _ in range(50)]
+    assert np.mean(firsts) > 0.5
+
+
+def test_task_data_streams_start_episodes_at_segment_boundaries(tmp_path):
+    cfg = recall.RecallConfig(seg_len=32, mem_len=16)
+    for task in ('passkey', 'sorting'):
+        d = recall.write_task_data(task, tmp_path / task, cfg, n_streams=3, n_segments=20, seed=0)
+        tokens = np.fromfile(d / 'train.bin', dtype=np.uint16)
+        docs = np.load(d / 'train_docs.npy')
+        assert len(tokens) == 3 * 20 * 32 + 1
+        assert (docs % 32 == 0).all() and {0, 20 * 32, 40 * 32} <= set(docs.tolist())
+        assert tokens.max() < json.loads((d / 'meta.json').read_text())['vocab_size']
+
+
+@pytest.mark.parametrize('variant', variant_params(TINY_VARIANTS))
+def test_recall_smoke(variant, tmp_path):
+    cfg = recall.RecallConfig(tokens=1024, batch_size=2, seg_len=32, mem_len=16, depths='16,40', lengths='16,40',
+                              eval_episodes=2, out_dir=str(tmp_path / 'runs'), out=str(tmp_path / 'recall.json'),
+                              plot=False)
+    recall.run(cfg, {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
+    r = json.loads((tmp_path / 'recall.json').read_text())
+    for task in ('passkey', 'sorting'):
+        t = r['tasks'][task]
+        acc = t['accuracy'][variant]
+        assert set(acc) == {'16', '40'} and all(0 <= a <= 1 for a in acc.values())
+        assert t['runs'][variant]['steps'] == 1024 // (2 * 32)
+        assert 'train/loss' in t['runs'][variant]['final']
+        if variant == 'baseline':                   # no memory: emptying it changes nothing
+            assert t['accuracy_memory_emptied'][variant] == acc
+    if variant == 'xl' and has_matplotlib():
+        assert plot.plot_recall(tmp_path / 'recall.json', tmp_path / 'recall.png').stat().st_size > 1000
+
+
+# -----------------------------------------------------------------------------------------------------------
+# plot
+
+
+def test_plot_without_matplotlib_is_one_clear_message(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *a, **k):
+        if name.startswith('matplotlib'):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+    monkeypatch.setattr(builtins, '__import__', no_matplotlib)
+    with pytest.raises(plot.NoMatplotlib, match='pip install matplotlib'):
+        plot.plot_speed('unused.json', 'unused.png')
+
+
+def test_plot_loss_curves(tmp_path):
+    pytest.importorskip('matplotlib')
+    logs = []
+    for name, offset in (('a', 0.0), ('b', 0.5)):
+        (tmp_path / name).mkdir()
+        lines = [{'step': s, 'train/loss': 5 - s / 10 + offset, 'tokens': s * 64} for s in range(1, 11)]
+        lines.append({'step': 10, 'validation/loss': 4.5 + offset})
+        (tmp_path / name / 'log.jsonl').write_text('\n'.join(json.dumps(x) for x in lines))
+        logs.append(tmp_path / name / 'log.jsonl')
+    out = plot.plot_loss(logs, tmp_path / 'loss.png')
+    assert out.stat().st_size > 1000
