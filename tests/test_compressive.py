@@ -1,0 +1,745 @@
+"""
+CPU tests for model_compressive.py (the Compressive Transformer, SPEC §1 contract and §3).
+
+Tiny configs throughout (1-2 layers, n_embd 16, vocab 97, seg_len 3-8). Exact properties are checked in float64
+(model.double()) against slow references written here: Algorithm 1 on Python lists, the compression functions by
+hand, the relative attention one (query, key, head) at a time. The manual attention path takes its softmax in
+float32, so comparisons that involve it use ~1e-6 tolerances.
+"""
+
+import math
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model_xl
+from model_compressive import COMPRESSIONS, Compression, Config, Memory, Model
+
+V = 97
+F64 = torch.float64
+
+
+def make_model(dtype=F64, seed=0, **overrides):
+    """A tiny Compressive Transformer in eval mode with dropout off; overrides are Config fields."""
+    fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
+                  seg_len=4, mem_len=6, cmem_len=4, compression_rate=2)
+    fields.update(overrides)
+    torch.manual_seed(seed)
+    return Model(Config(**fields)).to(dtype).eval()
+
+
+def tokens(batch_size, length, seed=1):
+    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run_segments(model, idx, memory, seg):
+    """Feed idx (B, T) in consecutive pieces of seg tokens, carrying the memory -> (logits (B, T, V), memory)."""
+    logits = []
+    for start in range(0, idx.size(1), seg):
+        piece, _, memory, _ = model(idx[:, start:start + seg], memory)
+        logits.append(piece)
+    return torch.cat(logits, dim=1), memory
+
+
+def assert_close(a, b, atol=1e-6, rtol=1e-5):
+    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+
+
+def differs(a, b, atol=1e-4):
+    return not torch.allclose(a, b, atol=atol, rtol=0)
+
+
+def random_memory(model, B, cmem_lengths, mem_lengths, seed=123):
+    """A memory whose every slot (valid or not) holds random states, with the given valid counts per row."""
+    m = model.init_memory(B, 'cpu')
+    g = torch.Generator().manual_seed(seed)
+    return Memory(mem=torch.randn(m.mem.shape, generator=g, dtype=F64).to(m.mem.dtype),
+                  cmem_length=torch.tensor(cmem_lengths), mem_length=torch.tensor(mem_lengths),
+                  attn_mass=m.attn_mass, attn_queries=m.attn_queries)
+
+
+def is_compression_param(name):
+    return '.compress.' in name or '.decoder.' in name
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 1. Algorithm 1 (memory update) against a slow reference on Python lists
+
+
+def reference_update(model, rows, hids, usage=None):
+    """Algorithm 1, lines 8-11, one row and one layer at a time, on lists of vectors.
+    rows[b][n] = {'cm': [...], 'm': [...], 'use': [(mass, queries) per m entry]}; hids (L, B, T, C);
+    usage: (L, B, S+T) mass and (B, S+T) queries this segment gave the keys, for most_used."""
+    c = model.config
+    L, B, T, C = hids.shape
+    for b in range(B):
+        for n in range(L):
+            row = rows[b][n]
+            row['m'] = row['m'] + [hids[n, b, t] for t in range(T)]
+            row['use'] = row['use'] + [(0.0, 0.0)] * T
+            if usage is not None:                                  # keys: [padding ; cm ; m(old) ; h], right-aligned
+                mass, queries = usage
+                K = mass.size(-1)
+                for k in range(len(row['m'])):
+                    key = K - len(row['m']) + k
+                    row['use'][k] = (row['use'][k][0] + float(mass[n, b, key]), row['use'][k][1] + float(queries[b, key]))
+            if c.cmem_len == 0:
+                row['m'], row['use'] = row['m'][-c.mem_len:], row['use'][-c.mem_len:]
+                continue
+            n_new = max(0, len(row['m']) - c.mem_len) // c.compression_rate
+            e = n_new * c.compression_rate
+            old, old_use = row['m'][:e], row['use'][:e]            # the oldest first
+            row['m'], row['use'] = row['m'][e:], row['use'][e:]
+            if c.compression == 'most_used':
+                average = [mass / max(q, 1.0) for mass, q in old_use]
+                best = sorted(range(e), key=lambda k: (-average[k], k))[:n_new]
+                new_cm = [old[k] for k in sorted(best)]
+            else:
+                f_c = model.layers[n].compress
+                new_cm = [f_c(torch.stack(old[g * c.compression_rate:(g + 1) * c.compression_rate])[None, None],
+                              torch.tensor([1]), None)[0, 0] for g in range(n_new)]
+            row['cm'] = (row['cm'] + new_cm)[-c.cmem_len:] if c.cmem_len else []
+
+
+def reference_buffer(model, rows, S):
+    """The right-aligned [cm ; m] buffer (L, B, S, C) the model should hold, zeros elsewhere."""
+    c = model.config
+    out = torch.zeros(c.n_layer, len(rows), S, c.n_embd, dtype=F64)
+    for b, layers in enumerate(rows):
+        for n, row in enumerate(layers):
+            seq = row['cm'] + row['m']
+            if seq:
+                out[n, b, S - len(seq):] = torch.stack(seq)
+    return out
+
+
+CASES = [  # (seg_len, mem_len, cmem_len, c): multiples, and remainders (seg or mem not a multiple of c)
+    (4, 6, 4, 2), (4, 4, 3, 2), (3, 4, 5, 2), (5, 6, 4, 3), (2, 3, 6, 3), (6, 2, 5, 4), (4, 6, 0, 2), (3, 5, 4, 1)]
+
+
+@pytest.mark.parametrize('compression', COMPRESSIONS)
+@pytest.mark.parametrize('seg_len, mem_len, cmem_len, rate', CASES)
+def test_memory_update_equals_algorithm_1(compression, seg_len, mem_len, cmem_len, rate):
+    model = make_model(n_embd=8, d_head=4, seg_len=seg_len, mem_len=mem_len, cmem_len=cmem_len,
+                       compression_rate=rate, compression=compression)
+    c = model.config
+    B, L = 3, c.n_layer
+    memory = model.init_memory(B, 'cpu')
+    S = memory.mem.size(2)
+    rows = [[{'cm': [], 'm': [], 'use': []} for _ in range(L)] for _ in range(B)]
+    g = torch.Generator().manual_seed(0)
+    for step in range(9):
+        T = seg_len if step != 5 else max(1, seg_len - 1)           # one shorter segment
+        if step == 4:                                                # reset row 1 mid-stream
+            memory = model.reset_memory(memory, torch.tensor([False, True, False]))
+            rows[1] = [{'cm': [], 'm': [], 'use': []} for _ in range(L)]
+        hids = torch.randn(L, B, T, c.n_embd, generator=g, dtype=F64)
+        usage = None
+        if compression == 'most_used' and cmem_len:
+            usage = (torch.rand(L, B, S + T, generator=g, dtype=F64), torch.randint(1, 5, (B, S + T), generator=g).double())
+        with torch.no_grad():
+            memory, _ = model._update_memory(memory, hids, *(usage or (None, None)), recon=False)
+        reference_update(model, rows, hids, usage)
+        assert memory.mem.shape == (L, B, S, c.n_embd) and memory.mem.is_contiguous()
+        assert memory.cmem_length.tolist() == [len(r[0]['cm']) for r in rows]
+        assert memory.mem_length.tolist() == [len(r[0]['m']) for r in rows]
+        assert max(memory.cmem_length.tolist()) <= cmem_len                          # never exceeds cmem_len
+        assert max(memory.mem_length.tolist()) <= mem_len + (rate - 1 if cmem_len else 0)
+        assert_close(memory.mem, reference_buffer(model, rows, S), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize('seg_len, mem_len, rate', [(4, 6, 2), (3, 4, 2), (5, 6, 3), (2, 3, 3), (7, 5, 4)])
+def test_every_state_compressed_once_in_fifo_order(seg_len, mem_len, rate):
+    """Tag stream position t with the one-hot vector e_t and compress by mean pooling: then each compressed slot
+    must be the mean of c consecutive positions, the compressed positions must come in order and be older than
+    everything in m, and cm·c + m must cover positions 0..t exactly once (nothing duplicated or lost, the
+    remainders included)."""
+    steps, B, L = 8, 2, 1
+    C = steps * seg_len
+    model = make_model(n_layer=L, n_embd=C, d_head=4, seg_len=seg_len, mem_len=mem_len, cmem_len=C,
+                       compression_rate=rate, compression='mean_pool')
+    memory = model.init_memory(B, 'cpu')
+    eye = torch.eye(C, dtype=F64)
+    for step in range(steps):
+        hids = eye[step * seg_len:(step + 1) * seg_len].expand(L, B, -1, -1)
+        n_before = memory.mem_length.clone()
+        memory, _ = model._update_memory(memory, hids, None, None, recon=False)
+        if step == 0 or int(n_before[0]) + seg_len <= mem_len:
+            assert memory.cmem_length.tolist() == [0, 0]          # a memory still filling up evicts nothing
+        seen = (step + 1) * seg_len
+        cl, ml = int(memory.cmem_length[0]), int(memory.mem_length[0])
+        S = memory.mem.size(2)
+        cm, m = memory.mem[0, 0, S - ml - cl:S - ml], memory.mem[0, 0, S - ml:]
+        assert (cl * rate + ml) == seen and ml >= min(seen, mem_len) and ml < mem_len + rate
+        for k in range(cl):                                        # slot k = positions k*c ... k*c + c - 1
+            expected = eye[k * rate:(k + 1) * rate].mean(0)
+            assert torch.equal(cm[k], expected), (step, k)
+        assert torch.equal(m, eye[seen - ml:seen])                 # m: the newest ml positions, in order
+        coverage = cm.sum(0) * rate + m.sum(0)
+        assert torch.equal(coverage[:seen], torch.ones(seen, dtype=F64))   # each position exactly once
+
+
+def test_forward_stores_each_layers_inputs_and_compresses_them():
+    model = make_model(seg_len=4, mem_len=4, cmem_len=4, compression_rate=2, compression='mean_pool')
+    inputs = {n: [] for n in range(2)}
+    hooks = [layer.register_forward_pre_hook(lambda mod, args, n=n: inputs[n].append(args[0]))
+             for n, layer in enumerate(model.layers)]
+    memory = model.init_memory(2, 'cpu')
+    with torch.no_grad():
+        for s in range(2):
+            _, _, memory, _ = model(tokens(2, 4, seed=s), memory)
+    for hook in hooks:
+        hook.remove()
+    S = memory.mem.size(2)                                         # 4 + 4 + 1 spare
+    assert memory.cmem_length.tolist() == [2, 2] and memory.mem_length.tolist() == [4, 4]
+    for n in range(2):
+        first, second = inputs[n]
+        assert torch.equal(memory.mem[n, :, S - 4:], second)                        # m = the last segment
+        assert_close(memory.mem[n, :, S - 6:S - 4], first.view(2, 2, 2, -1).mean(2), atol=1e-15, rtol=0)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 2. each compression function on a hand-computed case
+
+
+def groups_example():
+    # B=1, G=2 groups of c=2 vectors with C=3 channels
+    return torch.tensor([[[[1., -2., 3.], [4., 5., -6.]], [[0., 1., 1.], [2., -1., 0.]]]], dtype=F64)
+
+
+def test_pooling_by_hand():
+    x = groups_example()
+    for kind, expected in [('max_pool', [[[4., 5., 3.], [2., 1., 1.]]]),
+                           ('mean_pool', [[[2.5, 1.5, -1.5], [1., 0., 0.5]]])]:
+        f_c = Compression(Config(n_embd=4, compression_rate=2, compression=kind))
+        assert torch.equal(f_c(x, torch.tensor([2]), None), torch.tensor(expected, dtype=F64)), kind
+
+
+def test_conv_by_hand():
+    f_c = Compression(Config(n_embd=4, compression_rate=2, compression='conv')).double()
+    C = 3
+    f_c.conv = torch.nn.Conv1d(C, C, kernel_size=2, stride=2).double()
+    W = torch.arange(C * C * 2, dtype=F64).view(C, C, 2) / 10 - 0.8            # (out, in, tap)
+    bias = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
+    with torch.no_grad():
+        f_c.conv.weight.copy_(W)
+        f_c.conv.bias.copy_(bias)
+    x = groups_example()
+    out = f_c(x, torch.tensor([2]), None)
+    for g in range(2):
+        for o in range(C):
+            expected = bias[o] + sum(W[o, i, t] * x[0, g, t, i] for i in range(C) for t in range(2))
+            assert abs(out[0, g, o] - expected) < 1e-12
+
+
+@pytest.mark.parametrize('rate', [2, 3, 4])
+def test_dilated_conv_by_hand(rate):
+    """Ours: kernel-2 convolutions with dilations 1, 2 (ReLU between) over the group left-padded to 2^levels."""
+    C = 2
+    f_c = Compression(Config(n_embd=C, compression_rate=rate, compression='dilated_conv')).double()
+    levels = max(1, math.ceil(math.log2(rate)))
+    assert len(f_c.convs) == levels
+    g = torch.Generator().manual_seed(rate)
+    with torch.no_grad():
+        for conv in f_c.convs:
+            conv.weight.copy_(torch.randn(conv.weight.shape, generator=g, dtype=F64))
+            conv.bias.copy_(torch.randn(conv.bias.shape, generator=g, dtype=F64))
+    x = torch.randn(1, 1, rate, C, generator=g, dtype=F64)
+    seq = [torch.zeros(C, dtype=F64)] * (2 ** levels - rate) + list(x[0, 0])   # zero-padded on the left
+    for n, conv in enumerate(f_c.convs):
+        d = 2 ** n
+        seq = [conv.bias + conv.weight[:, :, 0] @ seq[t] + conv.weight[:, :, 1] @ seq[t + d]
+               for t in range(len(seq) - d)]
+        if n < levels - 1:
+            seq = [s.clamp(min=0) for s in seq]
+    assert len(seq) == 1
+    assert_close(f_c(x, torch.tensor([1]), None)[0, 0], seq[0], atol=1e-12, rtol=0)
+    if rate > 2:                                                   # every memory of the group matters
+        for k in range(rate):
+            y = x.clone()
+            y[0, 0, k] += 1.0
+            assert differs(f_c(y, torch.tensor([1]), None), f_c(x, torch.tensor([1]), None), atol=1e-9)
+
+
+def test_most_used_by_hand():
+    f_c = Compression(Config(n_embd=4, compression_rate=2, compression='most_used'))
+    x = torch.arange(2 * 3 * 2 * 1, dtype=F64).view(2, 3, 2, 1)              # B=2, G=3, c=2, C=1: values = position
+    usage = torch.tensor([[9., 9., 0.3, 0.1, 0.2, 0.5],                      # row 0: 2 real groups (positions 2-5)
+                          [0.1, 0.9, 0.9, 0.2, 0.8, 0.1]], dtype=F64)         # row 1: 3 real groups, a tie at 1, 2
+    out = f_c(x, torch.tensor([2, 3]), usage)
+    # row 0: the 2 most used of positions 2..5 are 5 (0.5) and 2 (0.3), in time order; padding groups ignored
+    assert out[0, :, 0].tolist() == [0., 2., 5.]
+    # row 1: the 3 most used are 1, 2 (tie, both kept) and 4, in time order
+    assert out[1, :, 0].tolist() == [7., 8., 10.]
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 3. most_used: the usage kept in the Memory, and the most attended states survive
+
+
+def test_usage_is_the_attention_mass_each_slot_received():
+    model = make_model(compression='most_used', seg_len=4, mem_len=8, cmem_len=4)
+    memory = model.init_memory(2, 'cpu')
+    with torch.no_grad():
+        _, _, memory, _ = model(tokens(2, 4), memory)
+        S = memory.mem.size(2)
+        assert memory.attn_queries[0, S - 4:].tolist() == [4., 3., 2., 1.]       # causal: 4, 3, 2, 1 queries
+        assert_close(memory.attn_mass.sum(-1), torch.full((2, 2), 4., dtype=F64))  # each query gives mass 1
+        _, _, memory, _ = model(tokens(2, 4, seed=2), memory)
+    assert memory.attn_queries[0, S - 8:].tolist() == [8., 7., 6., 5., 4., 3., 2., 1.]
+    assert_close(memory.attn_mass.sum(-1), torch.full((2, 2), 8., dtype=F64))
+    assert (memory.attn_mass[:, :, S - 8:] > 0).all()
+
+
+def test_most_used_keeps_the_most_attended_states():
+    """Give two of the four states about to be evicted a huge past usage: those two become the compressed
+    memory, whatever this segment's attention."""
+    model = make_model(compression='most_used', seg_len=4, mem_len=4, cmem_len=4, compression_rate=2)
+    memory = model.init_memory(1, 'cpu')
+    with torch.no_grad():
+        _, _, memory, _ = model(tokens(1, 4), memory)
+        S = memory.mem.size(2)
+        favourite = [S - 3, S - 1]                                  # the 2nd and 4th state of m
+        memory.attn_mass[:, 0, favourite] = 100.0
+        old = memory.mem[:, 0, favourite].clone()
+        _, _, memory, _ = model(tokens(1, 4, seed=2), memory)
+    assert memory.cmem_length.tolist() == [2]
+    assert torch.equal(memory.mem[:, 0, S - 6:S - 4], old)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 4. with cmem_len = 0 the model is model_xl.py
+
+
+@pytest.mark.parametrize('overrides', [dict(), dict(use_sdpa=False), dict(pre_lnorm=True, same_length=True),
+                                       dict(clamp_len=3, untie_r=False)])
+def test_cmem_len_0_equals_transformer_xl(overrides):
+    fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
+                  seg_len=4, mem_len=6, **overrides)
+    torch.manual_seed(0)
+    xl = model_xl.Model(model_xl.Config(**fields)).double().eval()
+    model = Model(Config(**fields, cmem_len=0)).double().eval()
+    model.load_state_dict(xl.state_dict())                      # strict: the same parameter names
+    assert set(model.state_dict()) == set(xl.state_dict())
+    idx = tokens(2, 17)
+    with torch.no_grad():
+        xl_memory = xl.init_memory(2, 'cpu')
+        memory = model.init_memory(2, 'cpu')
+        for start in range(0, 17, 4):
+            a, _, xl_memory, _ = xl(idx[:, start:start + 4], xl_memory)
+            b, _, memory, _ = model(idx[:, start:start + 4], memory)
+            assert torch.equal(a, b), start                     # identical, not merely close
+            assert torch.equal(xl_memory.mem, memory.mem) and torch.equal(xl_memory.length, memory.mem_length)
+    assert model.num_params() == xl.num_params() and model.flops_per_token() == xl.flops_per_token()
+
+
+def test_transformer_xl_weights_load_apart_from_compression():
+    torch.manual_seed(0)
+    xl = model_xl.Model(model_xl.Config(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32))
+    model = Model(Config(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, cmem_len=4,
+                         recon_loss='autoencoding'))
+    missing, unexpected = model.load_state_dict(xl.state_dict(), strict=False)
+    assert not unexpected and missing and all(is_compression_param(k) for k in missing)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 5. the attention over [cm ; m ; segment] against a slow loop
+
+
+def sinusoid(distance, n_embd):
+    freqs = [10000.0 ** (-2.0 * k / n_embd) for k in range(n_embd // 2)]
+    return torch.tensor([math.sin(distance * f) for f in freqs] + [math.cos(distance * f) for f in freqs],
+                        dtype=F64)
+
+
+@torch.no_grad()
+def naive_attention(attn, h, memory_h, n_valid, u, v, window, same_length):
+    """One attention layer, one (query, key, head) at a time, over [cm ; m ; h]: memory_h (B, S, C) holds the
+    concatenated memories right-aligned with n_valid[b] valid slots; distances count slots of the concatenation.
+    A^rel_{i,j} = (q_i + u)·k_j + (q_i + v)·W_{k,R} R_{i-j}, scaled by 1/sqrt(D) (post-LN)."""
+    B, T, C = h.shape
+    S = memory_h.size(1)
+    H, D = attn.n_head, attn.d_head
+    W_kE, W_v = attn.kv_net.weight.split(H * D)
+    out = torch.empty_like(h)
+    for b in range(B):
+        seq = torch.cat([memory_h[b], h[b]])
+        for i in range(T):
+            heads = []
+            for n in range(H):
+                rows = slice(n * D, (n + 1) * D)
+                q = attn.q_net.weight[rows] @ h[b, i]
+                scores, values = [], []
+                for j in range(S + T):
+                    distance = S + i - j
+                    if j < S - int(n_valid[b]) or distance < 0 or (same_length and distance >= window):
+                        continue
+                    k = W_kE[rows] @ seq[j]
+                    score = (q + u[n]) @ k + (q + v[n]) @ (attn.r_net.weight[rows] @ sinusoid(distance, C))
+                    scores.append(score / math.sqrt(D))
+                    values.append(W_v[rows] @ seq[j])
+                prob = torch.softmax(torch.stack(scores), dim=0)
+                heads.append(sum(p * value for p, value in zip(prob, values)))
+            out[b, i] = attn.layer_norm(h[b, i] + attn.o_net.weight @ torch.cat(heads))
+    return out
+
+
+@pytest.mark.parametrize('use_sdpa', [True, False])
+@pytest.mark.parametrize('same_length', [False, True])
+def test_attention_over_compressed_memory_equals_naive_loop(use_sdpa, same_length):
+    model = make_model(n_layer=1, use_sdpa=use_sdpa, same_length=same_length, seg_len=4, mem_len=4, cmem_len=3,
+                       compression_rate=2)
+    memory = random_memory(model, 3, cmem_lengths=[3, 1, 0], mem_lengths=[5, 4, 2])
+    h = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(7), dtype=F64)
+    inputs = []
+    hook = model.layers[0].attn.register_forward_hook(lambda mod, args, out: inputs.append((args[0], out[0])))
+    model.word_emb.register_forward_hook(lambda mod, args, out: h)            # feed h as the layer input
+    with torch.no_grad():
+        model(tokens(3, 4), memory)
+    hook.remove()
+    layer_in, layer_out = inputs[0]
+    assert torch.equal(layer_in, h)
+    expected = naive_attention(model.layers[0].attn, h, memory.mem[0], memory.cmem_length + memory.mem_length,
+                               model.r_w_bias[0], model.r_r_bias[0], window=3 + 4, same_length=same_length)
+    assert_close(layer_out, expected, atol=1e-6 if not use_sdpa else 1e-10, rtol=0)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 6. causality, memory dependence, reset
+
+
+@pytest.mark.parametrize('compression', ['conv', 'most_used'])
+def test_causality_within_and_across_segments(compression):
+    seg, L = 4, 16
+    model = make_model(compression=compression, seg_len=seg, mem_len=4, cmem_len=4)
+    idx = tokens(2, L)
+    with torch.no_grad():
+        base, _ = run_segments(model, idx, model.init_memory(2, 'cpu'), seg)
+        for t in (0, 2, 5, 9, 15):
+            changed = idx.clone()
+            changed[:, t] = (changed[:, t] + 1) % V
+            out, _ = run_segments(model, changed, model.init_memory(2, 'cpu'), seg)
+            assert_close(out[:, :t], base[:, :t], atol=1e-12, rtol=0)
+            assert differs(out[:, t], base[:, t])
+        # token 0 leaves m after segment 2: segment 3 sees it through cm only
+        changed = idx.clone()
+        changed[:, 0] = (changed[:, 0] + 1) % V
+        out, memory = run_segments(model, changed[:, :8], model.init_memory(2, 'cpu'), seg)
+        assert memory.cmem_length.tolist() == [2, 2]
+        assert differs(model(idx[:, 8:12], memory)[0], base[:, 8:12], atol=1e-9)   # small at init, but real
+
+
+def test_compressed_memory_is_attended_and_invalid_slots_are_not():
+    model = make_model(seg_len=4, mem_len=4, cmem_len=4)
+    memory = random_memory(model, 2, cmem_lengths=[2, 2], mem_lengths=[4, 4])
+    S = memory.mem.size(2)
+    idx = tokens(2, 4)
+    with torch.no_grad():
+        base = model(idx, memory)[0]
+        changed = random_memory(model, 2, [2, 2], [4, 4])
+        changed.mem[:, :, S - 5] += 1.0                              # a valid compressed slot
+        assert differs(model(idx, changed)[0], base)
+        changed = random_memory(model, 2, [2, 2], [4, 4])
+        changed.mem[:, :, :S - 6] += 100.0                           # the empty slots in front of cm
+        assert torch.equal(model(idx, changed)[0], base)
+
+
+def test_reset_memory_row_equals_fresh_stream():
+    model = make_model(compression='most_used', seg_len=4, mem_len=4, cmem_len=4)
+    with torch.no_grad():
+        _, memory = run_segments(model, tokens(3, 16, seed=5), model.init_memory(3, 'cpu'), 4)
+        reset = model.reset_memory(memory, torch.tensor([False, True, False]))
+        assert reset.cmem_length.tolist() == [4, 0, 4] and reset.mem_length.tolist() == [4, 0, 4]
+        for name in ('mem', 'attn_mass', 'attn_queries'):
+            value = getattr(reset, name)
+            assert not value[..., 1, :].any() if name == 'attn_queries' else not value[:, 1].any()
+        idx = tokens(3, 4, seed=6)
+        logits, _, _, _ = model(idx, reset)
+        kept, _, _, _ = model(idx, memory)
+        fresh, _, _, _ = model(idx[1:2], model.init_memory(1, 'cpu'))
+    assert_close(logits[1:2], fresh, atol=1e-10, rtol=0)
+    assert_close(logits[0::2], kept[0::2], atol=1e-10, rtol=0)
+    assert differs(logits[1], kept[1])
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 7. gradients: nothing into the past, the LM trains everything but f_c, the reconstruction loss only f_c
+
+
+def two_segments_loss(model, recon_loss=None):
+    """LM loss and reconstruction loss of the 3rd segment, after 2 that filled m and started compressing."""
+    memory = model.init_memory(2, 'cpu')
+    idx = tokens(2, 13, seed=4)
+    with torch.no_grad():
+        for start in (0, 4):
+            _, _, memory, _ = model(idx[:, start:start + 4], memory, targets=idx[:, start + 1:start + 5])
+    assert (memory.cmem_length > 0).all()                       # compression has happened
+    _, loss, new_memory, aux = model(idx[:, 8:12], memory, targets=idx[:, 9:13])
+    assert (new_memory.cmem_length > memory.cmem_length).all()  # and happens in this segment
+    return loss, aux, new_memory
+
+
+def grads(model, loss):
+    params = dict(model.named_parameters())
+    values = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    return {name: g for name, g in zip(params, values)}
+
+
+@pytest.mark.parametrize('compression', ['conv', 'dilated_conv', 'mean_pool'])
+@pytest.mark.parametrize('recon_loss', ['attention', 'autoencoding'])
+def test_lm_gradients_unchanged_by_recon_loss_which_trains_only_f_c(compression, recon_loss):
+    with_recon = make_model(compression=compression, recon_loss=recon_loss, recon_weight=0.7).train()
+    without = make_model(compression=compression, recon_loss='none').train()
+    without.load_state_dict(with_recon.state_dict(), strict=False)      # the decoder g exists only with autoencoding
+    loss, aux, _ = two_segments_loss(with_recon)
+    lm_loss, lm_aux, _ = two_segments_loss(without)
+    assert torch.equal(aux['lm_loss'], lm_aux['lm_loss']) and 'recon_loss' not in lm_aux
+    assert aux['recon_loss'] > 0
+    assert_close(loss, aux['lm_loss'] + 0.7 * aux['recon_loss'], atol=1e-6, rtol=0)
+    g_total, g_lm = grads(with_recon, loss), grads(without, lm_loss)
+    trained_by_recon = 0
+    for name, p in with_recon.named_parameters():
+        assert p.requires_grad, name
+        if is_compression_param(name):
+            assert g_lm.get(name) is None or not g_lm[name].any(), name       # no LM gradient reaches f_c
+            assert g_total[name] is not None and g_total[name].abs().sum() > 0, name
+            trained_by_recon += 1
+        else:
+            assert torch.equal(g_total[name], g_lm[name]), name                # identical LM gradients
+            assert g_total[name].abs().sum() > 0, name                         # and every one of them non-zero
+    assert trained_by_recon == (0 if compression == 'mean_pool' else 2 * 2) + (2 * 2 if recon_loss == 'autoencoding' else 0)
+
+
+@pytest.mark.parametrize('recon_loss', ['attention', 'autoencoding'])
+def test_recon_loss_reaches_nothing_but_f_c(recon_loss):
+    model = make_model(compression='conv', recon_loss=recon_loss, seg_len=4, mem_len=4).train()
+    memory = model.init_memory(2, 'cpu')
+    idx = tokens(2, 13, seed=4)
+    with torch.no_grad():
+        _, _, memory, _ = model(idx[:, :4], memory)
+    logits, loss, _, aux = model(idx[:, 4:8], memory, targets=idx[:, 5:9])
+    lm_loss = F.cross_entropy(logits.float().view(-1, V), idx[:, 5:9].reshape(-1))
+    assert_close(lm_loss, aux['lm_loss'], atol=0, rtol=0)
+    recon = loss - lm_loss                                      # recon_weight * reconstruction loss, with its graph
+    assert recon > 0
+    for name, g in grads(model, recon).items():
+        if is_compression_param(name):
+            assert g is not None and g.abs().sum() > 0, name
+        else:
+            assert g is None or not g.any(), name
+
+
+def test_memory_is_detached_and_blocks_gradient_to_previous_segment():
+    model = make_model().train()
+    emb_outputs = []
+    hook = model.word_emb.register_forward_hook(lambda mod, args, out: emb_outputs.append(out))
+    idx = tokens(2, 13, seed=3)
+    memory = model.init_memory(2, 'cpu')
+    losses = []
+    for start in (0, 4, 8):
+        _, loss, memory, _ = model(idx[:, start:start + 4], memory, targets=idx[:, start + 1:start + 5])
+        losses.append(loss)
+        for name in ('mem', 'attn_mass', 'attn_queries'):
+            assert getattr(memory, name).grad_fn is None and not getattr(memory, name).requires_grad
+    hook.remove()
+    assert memory.cmem_length.tolist() == [3, 3]
+    g = torch.autograd.grad(losses[2], emb_outputs, allow_unused=True)
+    assert g[0] is None and g[1] is None and g[2].abs().sum() > 0
+
+
+def test_recon_loss_none_trains_f_c_through_time_only():
+    """recon_loss='none': the compressed memory keeps f_c's graph (nothing else's) in training, so a later
+    segment's LM loss reaches f_c, as train.py's --bptt_segments does; in eval it is detached."""
+    model = make_model(compression='conv', recon_loss='none').train()
+    loss, aux, memory = two_segments_loss(model)
+    assert 'recon_loss' not in aux
+    assert memory.mem.requires_grad
+    idx = tokens(2, 5, seed=9)
+    _, later_loss, _, _ = model(idx[:, :4], memory, targets=idx[:, 1:5])
+    g = grads(model, later_loss)
+    assert all(g[k] is not None and g[k].abs().sum() > 0 for k in g if is_compression_param(k))
+    model.eval()
+    with torch.no_grad():
+        _, _, memory, _ = model(idx[:, :4], memory)
+    assert not memory.mem.requires_grad
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 8. generate == forward, segment by segment, compression included
+
+
+@torch.no_grad()
+def forward_logits_for_generated(model, seq, memory, prompt_len):
+    """Logits forward() gives at the positions generate() sampled from: prompt_len-1, ..., len-2."""
+    logits, _ = run_segments(model, seq, memory, model.config.seg_len)
+    return logits[:, prompt_len - 1:-1]
+
+
+def generate_with_logits(model, prompt, n, memory, **kwargs):
+    """generate(), also returning the logits it sampled each token from (read off the final norm)."""
+    captured = []
+    handle = model.ln_f.register_forward_hook(lambda mod, args, out: captured.append(out))
+    out = model.generate(prompt, n, memory=memory, **kwargs)
+    handle.remove()
+    return out, torch.stack([F.linear(h, model.word_emb.weight) for h in captured[-n:]], dim=1)
+
+
+@pytest.mark.parametrize('compression', COMPRESSIONS)
+@pytest.mark.parametrize('seg_len, mem_len, cmem_len, rate', [(4, 4, 3, 2), (3, 4, 4, 2), (5, 3, 2, 3)])
+@pytest.mark.parametrize('with_memory', [False, True])
+def test_greedy_generate_matches_segmentwise_forward(compression, seg_len, mem_len, cmem_len, rate, with_memory):
+    """Across several segment boundaries (compression happening in the cache), from an empty or a used memory,
+    with a prompt longer than a segment."""
+    model = make_model(compression=compression, seg_len=seg_len, mem_len=mem_len, cmem_len=cmem_len,
+                       compression_rate=rate)
+    memory = model.init_memory(2, 'cpu')
+    if with_memory:
+        with torch.no_grad():
+            _, memory = run_segments(model, tokens(2, 2 * seg_len, seed=8), memory, seg_len)
+    prompt = tokens(2, seg_len + 2, seed=3)
+    steps = []
+    out, logits = generate_with_logits(model, prompt, 4 * seg_len, memory, temperature=0.0,
+                                       callback=lambda t: steps.append(t))
+    assert len(steps) == 4 * seg_len and torch.equal(torch.cat(steps, 1), out[:, prompt.size(1):])
+    reference = forward_logits_for_generated(model, out, memory, prompt.size(1))
+    assert_close(logits, reference, atol=1e-6 if compression == 'most_used' else 1e-10, rtol=0)
+    assert torch.equal(reference.argmax(-1), out[:, prompt.size(1):])
+
+
+@pytest.mark.parametrize('compression', ['conv', 'most_used'])
+def test_sampled_generate_matches_segmentwise_forward(compression):
+    model = make_model(compression=compression, seg_len=3, mem_len=4, cmem_len=3, compression_rate=2)
+    prompt = tokens(2, 4, seed=3)
+    torch.manual_seed(5)
+    out, logits = generate_with_logits(model, prompt, 12, None, temperature=0.8, top_k=20)
+    reference = forward_logits_for_generated(model, out, model.init_memory(2, 'cpu'), prompt.size(1))
+    assert_close(logits, reference, atol=1e-6, rtol=0)
+    torch.manual_seed(5)                                       # the same draws from forward()'s logits
+    expected = torch.cat([model_xl.sample_next(reference[:, t], 0.8, 20) for t in range(12)], dim=1)
+    assert torch.equal(expected, out[:, prompt.size(1):])
+
+
+def test_generate_rejects_empty_prompt():
+    with pytest.raises(ValueError):
+        make_model().generate(tokens(1, 0), 3)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 9. the contract: config, shapes, dtypes, compile, autocast, it learns
+
+
+@pytest.mark.parametrize('bad', [dict(cmem_len=-1), dict(compression_rate=0), dict(compression='avg'),
+                                 dict(recon_loss='mse'), dict(recon_weight=-1.0), dict(mem_len=0, cmem_len=4),
+                                 dict(dropout=1.0), dict(n_embd=15)])
+def test_config_rejects_bad_values(bad):
+    with pytest.raises(ValueError):
+        Config(**bad)
+
+
+def test_config_defaults_are_valid():
+    c = Config()
+    assert (c.cmem_len, c.compression, c.recon_loss) == (150, 'conv', 'attention')
+
+
+def test_memory_fields_are_fixed_shape_float_or_int64():
+    model = make_model(dtype=torch.float32, compression='most_used', seg_len=3, mem_len=4, cmem_len=3)
+    memory = model.init_memory(2, 'cpu')
+    spec = {k: (v.shape, v.dtype) for k, v in vars(memory).items()}
+    assert all(dtype in (torch.float32, torch.long) for _, dtype in spec.values())
+    with torch.no_grad():
+        for T in (3, 3, 2, 3, 3, 1, 3):
+            _, _, memory, _ = model(tokens(2, T, seed=T), memory)
+            assert {k: (v.shape, v.dtype) for k, v in vars(memory).items()} == spec
+            assert all(v.is_contiguous() for v in vars(memory).values())
+    assert memory.cmem_length.tolist() == [3, 3]
+    longer = model.init_memory(2, 'cpu', mem_len=10)                   # eval override: n_m only
+    assert longer.mem.size(2) == 3 + 10 + 1
+    model(tokens(2, 3), longer)
+
+
+def test_forward_rejects_segment_longer_than_seg_len():
+    model = make_model()
+    with pytest.raises(ValueError):
+        model(tokens(1, 5), model.init_memory(1, 'cpu'))
+
+
+@pytest.mark.parametrize('compression', ['conv', 'most_used'])
+def test_bf16_autocast_forward_backward(compression):
+    model = make_model(dtype=torch.float32, compression=compression, dropout=0.1).train()
+    idx = tokens(2, 13)
+    memory = model.init_memory(2, 'cpu')
+    total = 0
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        for start in (0, 4, 8):
+            logits, loss, memory, aux = model(idx[:, start:start + 4], memory, targets=idx[:, start + 1:start + 5])
+            assert memory.mem.dtype == torch.float32 and logits.dtype == torch.bfloat16
+            total = total + loss
+    assert torch.isfinite(total)
+    total.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.bfloat16], ids=str)
+def test_init_memory_follows_model_dtype(dtype):
+    model = make_model(dtype=dtype)
+    memory = model.init_memory(2, 'cpu')
+    assert memory.mem.dtype == dtype
+    _, memory = run_segments(model, tokens(2, 12), memory, 4)
+    assert memory.mem.dtype == dtype and memory.cmem_length.tolist() == [3, 3]
+    model.generate(tokens(2, 3), 2, temperature=0.0)
+
+
+def test_compiles_once_while_memory_fills_and_compression_starts(monkeypatch):
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(torch._dynamo.config, 'error_on_recompile', True)
+    model = make_model(dtype=torch.float32, n_layer=1, compression='most_used', recon_loss='attention',
+                       seg_len=4, mem_len=4, cmem_len=3, dropout=0.1).train()
+    compiled = torch.compile(model)
+    memory = model.init_memory(2, 'cpu')
+    idx = tokens(2, 25)
+    try:
+        for start in range(0, 24, 4):                                     # empty, filling, compressing, full
+            _, loss, memory, aux = compiled(idx[:, start:start + 4], memory, idx[:, start + 1:start + 5])
+            loss.backward()
+        assert counters['stats']['unique_graphs'] == 1, dict(counters['stats'])
+    finally:
+        torch._dynamo.reset()
+    assert memory.cmem_length.tolist() == [3, 3]
+
+
+@pytest.mark.parametrize('compression', ['conv', 'most_used'])
+def test_loss_goes_down_on_repeated_pattern(compression):
+    seg, B, steps = 8, 4, 120
+    model = make_model(dtype=torch.float32, compression=compression, n_embd=32, d_head=16, d_inner=64,
+                       seg_len=seg, mem_len=seg, cmem_len=4).train()
+    torch.manual_seed(0)
+    pattern = torch.randint(0, V, (13,))
+    stream = pattern.repeat(steps * seg // 13 + 3)
+    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    memory = model.init_memory(B, 'cpu')
+    losses = []
+    t0 = time.time()
+    for step in range(steps):
+        x = data[:, step * seg:(step + 1) * seg]
+        y = data[:, step * seg + 1:(step + 1) * seg + 1]
+        _, loss, memory, aux = model(x, memory, targets=y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(aux['lm_loss'].item())
+    initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
+    assert final < 0.5 * initial, (initial, final)
+    assert time.time() - t0 < 30
+
+
+def test_flops_per_token_counts_compressed_keys():
+    model = make_model(seg_len=8, mem_len=8, cmem_len=8)
+    assert model.flops_per_token() > make_model(seg_len=8, mem_len=8, cmem_len=0).flops_per_token()
+    assert model.flops_per_token(mem_len=16) > model.flops_per_token()
