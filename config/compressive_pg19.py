@@ -1,4 +1,4 @@
-"""Compressive Transformer on PG-19 with the paper's memory setting (Rae et al., 2020, §5.1): segment, memory
+"""Compressive Transformer on PG-19 with the paper's memory setting (Rae et al., 2020): segment, memory
 and compressed memory of 512 each, compression rate c = 2, gradient clipping 0.1; conv compression trained by
 the attention-reconstruction loss (the paper's best, Table 5). Temporal range 512 + 2 x 512 = 1,536 positions
 per layer with 1,024 memory keys. The model size is ours (as config/xl_pg19.py, so the two compare), not the

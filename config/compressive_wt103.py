@@ -2,8 +2,8 @@
 d_model 410, 10 heads of 41, d_inner 2100, segment 150, Adam 2.5e-4 with cosine decay, clip 0.25), so the two
 compare: the FIFO memory of 150 is kept and a compressed memory of 150 slots at rate c = 3 (the paper's rate on
 enwik8) is added, reaching 150 + 3 x 150 = 600 positions back with 300 memory keys. The paper's own
-WikiText-103 model is not reproduced here. Evaluation: segments of
-64 with a FIFO memory of 640, as config/xl_wt103.py.
+WikiText-103 model is not reproduced here. Evaluation: segments of 64 with a FIFO memory of 640, as
+config/xl_wt103.py.
 Differences from the paper as in config/xl_wt103.py (GPT-2 BPE with a full softmax: compare word perplexity).
 
     python data/wikitext103/prepare.py
