@@ -27,8 +27,10 @@ Deliberate deviations (also in the README):
   - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.
   - The μ/σ² networks are affine maps (with bias, as the paper says "affine"; the authors' code has no bias).
   - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge).
-  - The randomness of sticky memories comes from torch's global RNG, which train.py seeds from --seed and saves in
-    every checkpoint, so runs reproduce and resume bit-exactly (a private torch.Generator would not be saved).
+  - The randomness of sticky memories is a counter-based hash of a per-row state kept in Memory (seeded from
+    torch.initial_seed(), i.e. train.py's --seed and the rank, and advanced at every write), not a torch.Generator:
+    forward() stays a pure function of (tokens, memory), so resume is bit-exact (the state is in the checkpoint),
+    evaluation does not depend on how much RNG training used, and generate() == forward() needs no RNG replay.
   - State lives in fixed-shape tensors. The vectors that leave the STM wait in the same buffer (the authors'
     "augment" part of mems) and enter the LTM at the start of the next step, seg_len at a time, so every write
     uses one precomputed G. With segments of seg_len (training) this is the authors' schedule exactly; with
@@ -119,6 +121,7 @@ class Memory:
     ltm_B: torch.Tensor        # (n_layer, B, n_basis, n_embd) the LTM's coefficients B (Eq. 5)
     ltm_written: torch.Tensor  # (B,) int64, 1 once something was written to the row's LTM (0: its term is masked)
     ltm_hist: torch.Tensor     # (n_layer, B, sticky_bins) last step's attention histogram over [0, 1] (Eq. 14)
+    ltm_rng: torch.Tensor      # (B,) int64, the state of the sticky memories' random numbers
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -246,15 +249,35 @@ def attention_histogram(mu, sigma_sq, n_bins):
     return (cdf[..., 1:] - cdf[..., :-1]).sum(dim=(1, 2))                               # (B, D)
 
 
-def sample_sticky_points(hist, n_samples):
-    """§3.3: n_samples sorted points of [0, 1] drawn from the piecewise-constant density of the histogram hist
-    (B, D): inverse-CDF sampling of sorted uniforms, so a bin is picked with probability hist_j / Σ hist and the
-    point is uniform inside it. Uses torch's global RNG (seeded and checkpointed by train.py). -> (B, n_samples)"""
+RNG_PRIME = 2 ** 31 - 1
+
+
+def rng_seed(batch_size, device):
+    """Per-row states of the sticky memories' random numbers, from torch.initial_seed() (train.py seeds it with
+    --seed + rank) and the row index. -> (B,) int64"""
+    return (torch.initial_seed() % RNG_PRIME) * 1_000_003 + torch.arange(batch_size, device=device) * 2 ** 20
+
+
+def counter_uniforms(state, n):
+    """n uniforms in [0, 1) per row, a pure function of the row's state (B,) int64: a counter-based hash (multiply
+    mod the prime 2^31 - 1 and xor-shift, three rounds; products stay below 2^62, so no int64 overflow on any
+    device). -> (B, n) float64"""
+    x = (state[:, None] % RNG_PRIME + 1) * 7919 + torch.arange(1, n + 1, device=state.device) * 104729
+    for a in (48271, 69621, 16807):
+        x = (x % RNG_PRIME) * a % RNG_PRIME
+        x = x ^ (x >> 13)
+    return (x % RNG_PRIME).double() / RNG_PRIME
+
+
+def sample_sticky_points(hist, u):
+    """§3.3: points of [0, 1] drawn from the piecewise-constant density of the histogram hist (B, D), one per
+    uniform in u (B, n): inverse-CDF sampling of the sorted uniforms, so a bin is picked with probability
+    hist_j / Σ hist, the point is uniform inside it, and the points come out sorted. -> (B, n)"""
     B, D = hist.shape
     p = hist / hist.sum(-1, keepdim=True)                                   # (B, D)
     cdf = torch.cat([p.new_zeros(B, 1), p.cumsum(-1)], dim=-1)              # (B, D+1)
-    u = torch.rand(B, n_samples, device=hist.device, dtype=hist.dtype).sort(dim=-1).values * cdf[:, -1:]
-    j = torch.searchsorted(cdf[:, 1:].contiguous(), u, right=True).clamp(max=D - 1)   # (B, n_samples) bin index
+    u = u.to(hist.dtype).sort(dim=-1).values * cdf[:, -1:]
+    j = torch.searchsorted(cdf[:, 1:].contiguous(), u, right=True).clamp(max=D - 1)   # (B, n) bin index
     within = (u - cdf.gather(1, j)) / p.gather(1, j).clamp(min=1e-12)
     return (j + within.clamp(0.0, 1.0)) / D
 
@@ -458,7 +481,8 @@ class Model(nn.Module):
                       ltm_pending=zeros(batch_size, dt=torch.long),
                       ltm_B=zeros(c.n_layer, batch_size, c.n_basis, c.n_embd),
                       ltm_written=zeros(batch_size, dt=torch.long),
-                      ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins))
+                      ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins),
+                      ltm_rng=rng_seed(batch_size, device))
 
     def reset_memory(self, memory, mask):
         """Empty the STM and the LTM of the rows where mask (B,) is True."""
@@ -468,7 +492,8 @@ class Model(nn.Module):
                       ltm_pending=memory.ltm_pending * keep,
                       ltm_B=memory.ltm_B * keep[None, :, None, None].to(memory.ltm_B.dtype),
                       ltm_written=memory.ltm_written * keep,
-                      ltm_hist=memory.ltm_hist * keep[None, :, None].to(memory.ltm_hist.dtype))
+                      ltm_hist=memory.ltm_hist * keep[None, :, None].to(memory.ltm_hist.dtype),
+                      ltm_rng=torch.where(mask, rng_seed(mask.size(0), mask.device), memory.ltm_rng))
 
     def _ltm_writes(self, memory):
         """Which rows write to their LTM now (§3.2): those with at least seg_len vectors waiting. -> (B,) bool, the
@@ -492,7 +517,8 @@ class Model(nn.Module):
             new_B = torch.einsum('blc,ln->bnc', x_new, self.G_first)                   # Bᵀ = X̃ᵀG      (Eq. 5)
             if c.unbounded:
                 if c.sticky:                                                           # §3.3: where to read
-                    t = sample_sticky_points(memory.ltm_hist[n].to(dtype) + 1e-12, c.n_samples)   # (B, M)
+                    u = counter_uniforms(memory.ltm_rng * c.n_layer + n, c.n_samples)   # (B, M) this layer's
+                    t = sample_sticky_points(memory.ltm_hist[n].to(dtype) + 1e-12, u)   # (B, M)
                     psi = evaluate_basis(t, self.basis_mu, self.basis_sigma)           # (B, M, N)
                 else:
                     psi = self.psi_linear.expand(old_B.size(0), -1, -1)                # (B, M, N) ψ(m/M)
@@ -514,7 +540,8 @@ class Model(nn.Module):
                       ltm_pending=memory.ltm_pending - self.config.seg_len * write.long() + left,
                       ltm_B=torch.stack(ltm_Bs).to(memory.ltm_B.dtype).detach().contiguous(),
                       ltm_written=written,
-                      ltm_hist=torch.stack(hists).to(memory.ltm_hist.dtype).detach().contiguous())
+                      ltm_hist=torch.stack(hists).to(memory.ltm_hist.dtype).detach().contiguous(),
+                      ltm_rng=memory.ltm_rng + write.long())
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) --------------------------------
 

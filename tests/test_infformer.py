@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import model_xl
 from model_infformer import (Config, Memory, Model, attention_histogram, evaluate_basis, expected_basis,
-                             gaussian_basis, ridge_matrix, ridge_positions, sample_sticky_points)
+                             counter_uniforms, gaussian_basis, ridge_matrix, ridge_positions,
+                             sample_sticky_points)
 
 V = 97
 F64 = torch.float64
@@ -124,13 +125,15 @@ def test_attention_histogram_equals_numerical_bin_masses_and_sums_to_one():
         assert abs(p.sum().item() - 1.0) < 1e-12
 
 
-def test_sticky_sampling_follows_histogram():
+@pytest.mark.parametrize('source', ['torch.rand', 'counter_uniforms'])
+def test_sticky_sampling_follows_histogram(source):
     """χ² goodness of fit of the sampled points' bins against the histogram, plus sorted output in [0, 1] and
-    uniformity inside a bin."""
+    uniformity inside a bin; with torch's RNG and with the model's counter-based uniforms."""
     D, n = 8, 4000
     hist = torch.tensor([[0.0, 1.0, 3.0, 0.5, 0.0, 2.0, 0.25, 1.25], [1.0] * 8], dtype=F64)
     torch.manual_seed(0)
-    t = sample_sticky_points(hist, n)                                  # (2, n)
+    u = torch.rand(2, n, dtype=F64) if source == 'torch.rand' else counter_uniforms(torch.tensor([12345, 7 << 20]), n)
+    t = sample_sticky_points(hist, u)                                  # (2, n)
     assert t.shape == (2, n) and (t >= 0).all() and (t <= 1).all()
     assert (t[:, 1:] >= t[:, :-1]).all()                               # sorted
     for b in range(2):
@@ -141,10 +144,19 @@ def test_sticky_sampling_follows_histogram():
         assert chi2 < 24.3, (chi2, counts, expected)                   # 99.9% quantile of χ² with 7 dof
     within = (t[1] * D).frac()                                         # uniform inside the bins
     assert abs(within.mean().item() - 0.5) < 0.03 and abs(within.var().item() - 1 / 12) < 0.01
-    # a histogram concentrated in one bin draws only there
-    torch.manual_seed(1)
-    t = sample_sticky_points(torch.tensor([[0.0, 0.0, 5.0, 0.0]], dtype=F64), 100)
-    assert ((t >= 0.5) & (t <= 0.75)).all()
+    t = sample_sticky_points(torch.tensor([[0.0, 0.0, 5.0, 0.0]], dtype=F64), u[:1, :100])
+    assert ((t >= 0.5) & (t <= 0.75)).all()                            # one bin with mass: draws only there
+
+
+def test_counter_uniforms_are_uniform_and_differ_between_states():
+    u = counter_uniforms(torch.arange(64) * 2 ** 20 + 99, 500)         # (64, 500): 64 rows' draws
+    assert (u >= 0).all() and (u < 1).all()
+    counts = torch.bincount((u.flatten() * 20).long(), minlength=20).double()
+    chi2 = ((counts - 1600) ** 2 / 1600).sum().item()
+    assert chi2 < 43.8, chi2                                           # 99.9% quantile of χ² with 19 dof
+    corr = torch.corrcoef(u)                                           # rows are not copies of each other
+    assert corr.fill_diagonal_(0).abs().max() < 0.25
+    torch.testing.assert_close(counter_uniforms(torch.tensor([5]), 7), counter_uniforms(torch.tensor([5]), 7))
 
 
 def test_ridge_positions_and_buffers():
@@ -170,14 +182,16 @@ def random_memory(model, B, length, pending, written, seed=5):
                   length=torch.tensor(length), ltm_pending=torch.tensor(pending),
                   ltm_B=torch.randn(memory.ltm_B.shape, generator=g, dtype=F64),
                   ltm_written=torch.tensor(written),
-                  ltm_hist=torch.rand(memory.ltm_hist.shape, generator=g, dtype=F64))
+                  ltm_hist=torch.rand(memory.ltm_hist.shape, generator=g, dtype=F64), ltm_rng=memory.ltm_rng)
 
 
-def test_ltm_write_equals_reference():
+@pytest.mark.parametrize('sticky', [False, True])
+def test_ltm_write_equals_reference(sticky):
     """Rows: LTM already written, 4 vectors waiting (Eqs. 11-13); empty LTM, 4 waiting (Eq. 5); written, 6 waiting
     (after segments shorter than seg_len: the oldest 4 go); written, only 3 waiting (no write, B unchanged).
-    seg_len 4, so 7 waiting slots before the STM's 3."""
-    model = make_model(seg_len=4, mem_len=3, n_basis=10, n_samples=7, tau=0.6, ridge_lambda=0.7)
+    seg_len 4, so 7 waiting slots before the STM's 3. Sticky: the old signal is read at points drawn from the
+    stored histogram (§3.3) instead of at m/M."""
+    model = make_model(seg_len=4, mem_len=3, n_basis=10, n_samples=7, tau=0.6, ridge_lambda=0.7, sticky=sticky)
     c = model.config
     memory = random_memory(model, 4, length=[10, 10, 10, 10], pending=[4, 4, 6, 3], written=[1, 0, 1, 1])
     write, slots, written = model._ltm_writes(memory)
@@ -194,8 +208,13 @@ def test_ltm_write_equals_reference():
         x = torch.sigmoid(gate(x.T[None]))[0].T * x                                    # Eq. 16, zero-padded conv
         if memory.ltm_written[b]:
             s = torch.arange(1, 8, dtype=F64) / 7                                      # read the old signal at m/M
-            x_past = evaluate_basis(s, basis_mu, basis_sigma) @ memory.ltm_B[1, b]
-            t = torch.cat([s * 0.6, 0.6 + 0.4 * torch.arange(1, 5, dtype=F64) / 4])
+            read = s
+            if sticky:                                                                 # layer 1 of 2
+                u = counter_uniforms(memory.ltm_rng[b:b + 1] * 2 + 1, 7)
+                read = sample_sticky_points(memory.ltm_hist[1, b:b + 1] + 1e-12, u)[0]
+                assert differs(read, s, atol=1e-3)
+            x_past = evaluate_basis(read, basis_mu, basis_sigma) @ memory.ltm_B[1, b]
+            t = torch.cat([s * 0.6, 0.6 + 0.4 * torch.arange(1, 5, dtype=F64) / 4])    # placed at m τ/M
             x = torch.cat([x_past, x])
         else:
             t = (torch.arange(4, dtype=F64) + 0.5) / 4
@@ -248,6 +267,17 @@ def test_every_vector_leaving_the_stm_is_written_once_in_order(mem_len):
 
 # -----------------------------------------------------------------------------------------------------------
 # 3. The LTM in the model: masking, dependence, gradients, KL
+
+
+def test_forward_is_a_pure_function_of_tokens_and_memory_with_sticky_memories():
+    model = make_model(sticky=True)
+    _, memory = run_segments(model, tokens(2, 16, seed=2), model.init_memory(2, 'cpu'), 4)
+    idx = tokens(2, 4, seed=6)
+    a, _, mem_a, _ = model(idx, memory)
+    torch.rand(100)                                                     # the global RNG plays no part
+    b, _, mem_b, _ = model(idx, memory)
+    assert torch.equal(a, b) and torch.equal(mem_a.ltm_B, mem_b.ltm_B)
+    assert (mem_a.ltm_rng == memory.ltm_rng + 1).all()                  # advanced by the write
 
 
 def test_ltm_term_is_masked_before_anything_was_written():
