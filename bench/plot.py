@@ -6,6 +6,7 @@ bench/ only (`pip install matplotlib`).
     python bench/plot.py speed bench/results/speed.json          # -> bench/results/speed.png
     python bench/plot.py scaling bench/results/scaling.json
     python bench/plot.py recall bench/results/recall.json
+    python bench/plot.py table bench/results/speed.json bench/results/recall.json   # markdown for the README
 """
 
 import json
@@ -70,6 +71,7 @@ def plot_speed(path, out):
     r = json.loads(Path(path).read_text())
     variants = list(r['train'])
     modes = list(next(iter(r['train'].values()))) if variants else []
+    gen = r.get('generate', {})
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / max(1, len(modes))
     for i, mode in enumerate(modes):
@@ -80,7 +82,6 @@ def plot_speed(path, out):
     ax1.set_ylabel('training tokens/s')
     ax1.set_title(f"training, batch {r['config']['batch_size']} ({r['device']})")
     ax1.legend(fontsize=8)
-    gen = r.get('generate', {})
     gv = list(gen)
     ax2.bar([j - 0.2 for j in range(len(gv))], [gen[v]['cached_tokens_per_s'] for v in gv], 0.4, label='KV cache')
     ax2.bar([j + 0.2 for j in range(len(gv))], [gen[v]['recompute_tokens_per_s'] for v in gv], 0.4,
@@ -141,8 +142,81 @@ def plot_recall(path, out):
     return _save(fig, out)
 
 
+# -----------------------------------------------------------------------------------------------------------
+# Markdown tables for bench/README.md (no matplotlib needed)
+
+
+def _row(cells):
+    return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+
+def table_speed(r):
+    lines = []
+    if r['train']:
+        modes = list(next(iter(r['train'].values())))
+        lines += [_row(['variant'] + [f'train {m} tok/s (× baseline)' for m in modes] + ['compile+bf16 / eager']),
+                  _row(['---'] * (len(modes) + 2))]
+        for v, t in r['train'].items():
+            ratio = t['compile_bf16']['ratio_to_eager'] if 'compile_bf16' in t and 'eager' in t else None
+            lines.append(_row([v] + [f"{t[m]['tokens_per_s']:,.0f} ({t[m].get('ratio_to_baseline', float('nan')):.2f})"
+                                     for m in modes] + [f'{ratio:.2f}' if ratio else '']))
+    if r['eval']:
+        modes = list(next(iter(r['eval'].values())))
+        lines += ['', _row(['variant'] + [f'eval {m} tok/s (× baseline)' for m in modes]), _row(['---'] * (len(modes) + 1))]
+        for v, t in r['eval'].items():
+            lines.append(_row([v] + [f"{t[m]['tokens_per_s']:,.0f} ({t[m].get('ratio_to_baseline', float('nan')):.2f})"
+                                     for m in modes]))
+    if r.get('generate'):
+        lines += ['', _row(['variant', 'generate, KV cache (tok/s)', 'recompute the window (tok/s)', 'speed-up',
+                            'same greedy tokens']), _row(['---'] * 5)]
+        for v, g in r['generate'].items():
+            lines.append(_row([v, f"{g['cached_tokens_per_s']:,.1f}", f"{g['recompute_tokens_per_s']:,.2f}",
+                               f"{g['speedup']:.1f}×", g['same_greedy_tokens']]))
+    return lines
+
+
+def table_scaling(r):
+    lines = [_row(['variant', 'x axis', 'history (tokens): step time ms / peak MiB / state MiB', 'step time last/first',
+                   'history last/first']), _row(['---'] * 5)]
+    for v, s in r['series'].items():
+        pts = '; '.join(f"{p['history']:,}: {p['step_s'] * 1e3:,.0f} / {p['peak_bytes'] / 2 ** 20:,.0f} / "
+                        f"{p['state_bytes'] / 2 ** 20:,.1f}" for p in s['points'])
+        lines.append(_row([v, s['axis'], pts, f"{s['step_time_ratio_last_to_first']:.2f}",
+                           f"{s['history_ratio_last_to_first']:.0f}"]))
+    return lines
+
+
+def table_recall(r):
+    lines = []
+    for task, t in r['tasks'].items():
+        cols = [str(c) for c in t['columns']]
+        lines += [f"{task}: {t['metric']} by {t['column_label']} (chance {t['chance']:.2f}); "
+                  f"in brackets: the same with the memory emptied before every segment", '',
+                  _row(['variant'] + cols + ['final train loss', 'train time']), _row(['---'] * (len(cols) + 3))]
+        for v, acc in t['accuracy'].items():
+            empty = t['accuracy_memory_emptied'][v]
+            run = t['runs'][v]
+            lines.append(_row([v] + [f"{acc[c]:.2f} ({empty[c]:.2f})" for c in cols]
+                              + [f"{run['final'].get('train/loss', float('nan')):.3f}", f"{run['train_seconds']:.0f} s"]))
+        for name, ref in t.get('window_reference', {}).items():
+            lines.append(_row([f'counts of the last {name}'] + [f"{ref[c]:.2f}" for c in cols] + ['', '']))
+        lines.append('')
+    return lines
+
+
+def table(paths):
+    for p in paths:
+        r = json.loads(Path(p).read_text())
+        kind = 'speed' if 'train' in r else 'scaling' if 'series' in r else 'recall'
+        lines = {'speed': table_speed, 'scaling': table_scaling, 'recall': table_recall}[kind](r)
+        print(f"{p} ({r['date']}, torch {r['torch']}, {r['device']}):\n\n`{r['command']}`\n")
+        print('\n'.join(lines) + '\n')
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == 'table':
+        return table(argv[1:])
     if not argv or argv[0] not in ('loss', 'speed', 'scaling', 'recall'):
         print(__doc__.strip(), file=sys.stderr)
         sys.exit(2)

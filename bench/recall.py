@@ -48,7 +48,8 @@ import common  # noqa: E402
 # The recall size: small enough to train in minutes per model on one CPU core.
 RECALL_SIZE = dict(vocab_size=32, n_layer=2, n_embd=64, n_head=2, d_head=32, d_inner=256, seg_len=64)
 RECALL_MEMORY = dict(mem_len=64, cmem_len=32, n_basis=64)      # window W = seg_len + mem_len = 128
-SYNTHETIC = {'infformer': dict(basis_widths='0.01,0.05')}      # the ∞-former's widths for short synthetic tasks
+# the ∞-former's synthetic-task setting (config/infformer_sorting.py, the authors' sorting script)
+SYNTHETIC = {'infformer': dict(basis_widths='0.01,0.05', tau=0.75, ridge_lambda=1.0)}
 
 # passkey tokens
 KEY, ASK, FILLER0, N_FILLER = 10, 11, 12, 12

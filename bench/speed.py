@@ -36,6 +36,7 @@ MODES = {  # name: (compiled, autocast dtype)
 class SpeedConfig:
     variants: str = 'all'          # comma-separated names from common.variant_table(), or all
     device: str = 'cpu'            # cpu, cuda, auto
+    parts: str = 'train,eval,generate'   # what to measure (a subset runs faster)
     modes: str = 'eager,bf16,compile,compile_bf16'
     batch_size: int = 8
     warmup: int = 3                # untimed rounds first (compilation happens in them)
@@ -59,6 +60,9 @@ class SpeedConfig:
             for m in getattr(self, field).split(','):
                 if m and m not in MODES:
                     raise ValueError(f"unknown mode {m!r} in {field}; known: {', '.join(MODES)}")
+        for p in self.parts.split(','):
+            if p not in ('train', 'eval', 'generate'):
+                raise ValueError(f"unknown part {p!r} in parts; known: train, eval, generate")
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -232,8 +236,9 @@ def profile_step(entry, path):
 
 def run(cfg, specs, size, argv=(), skipped=None):
     device, device_type = common.setup(cfg.device)
-    modes = [m for m in cfg.modes.split(',') if m]
-    eval_modes = [m for m in cfg.eval_modes.split(',') if m]
+    parts = cfg.parts.split(',')
+    modes = [m for m in cfg.modes.split(',') if m] if 'train' in parts else []
+    eval_modes = [m for m in cfg.eval_modes.split(',') if m] if 'eval' in parts else []
     models = {}
     for name, spec in specs.items():
         model, _ = common.build(spec, **size)
@@ -259,11 +264,13 @@ def run(cfg, specs, size, argv=(), skipped=None):
             m, _, opt = models[name]
             profile_step(Entry(name, 'eager', m, m, opt, 'float32', device, device_type, cfg.batch_size),
                          Path(cfg.out).with_name(f'profile_{name}.txt'))
-    generation = bench_generation(specs, size, cfg, device, device_type)
+    train_result, eval_result = summarise(train_entries), summarise(eval_entries)
+    del models, train_entries, eval_entries                       # free the weights before generation
+    generation = bench_generation(specs, size, cfg, device, device_type) if 'generate' in parts else {}
 
     result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
               'device': device, 'n_params': n_params,
-              'train': summarise(train_entries), 'eval': summarise(eval_entries), 'generate': generation}
+              'train': train_result, 'eval': eval_result, 'generate': generation}
     result['targets'] = check_targets(result)
     common.write_json(cfg.out, result, 'bench/speed.py', argv)
     print_table(result)
@@ -297,9 +304,10 @@ def check_targets(result):
 def print_table(result):
     modes = list(next(iter(result['train'].values())).keys()) if result['train'] else []
     print(f"\ntraining tokens/s (ratio to baseline) | eval tokens/s | generation cached / recompute")
-    for name, r in result['train'].items():
+    for name in dict.fromkeys(list(result['train']) + list(result['eval']) + list(result['generate'])):
+        r = result['train'].get(name, {})
         cells = ' '.join(f"{m} {r[m]['tokens_per_s']:,.0f} ({r[m].get('ratio_to_baseline', float('nan')):.2f})"
-                         for m in modes)
+                         for m in modes if m in r)
         ev = ' '.join(f"{m} {v['tokens_per_s']:,.0f}" for m, v in result['eval'].get(name, {}).items())
         g = result['generate'].get(name)
         gen = f"{g['cached_tokens_per_s']:,.1f} / {g['recompute_tokens_per_s']:,.1f} ({g['speedup']:.1f}x)" if g else ''

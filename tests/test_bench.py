@@ -78,6 +78,7 @@ def test_speed_smoke(variant, tmp_path):
         assert r['generate'][n]['same_greedy_tokens'], n
     assert r['train']['baseline']['eager']['ratio_to_baseline'] == 1.0
     assert 'command' in r and 'date' in r
+    plot.table([tmp_path / 'speed.json'])          # the README's markdown
     if variant == 'xl' and has_matplotlib():
         assert plot.plot_speed(tmp_path / 'speed.json', tmp_path / 'speed.png').stat().st_size > 1000
 
@@ -111,6 +112,7 @@ def test_scaling_smoke(variant, tmp_path):
         assert sizes[0] == sizes[1]                 # a fixed-size state, whatever has been read
     else:
         assert sizes[0] < sizes[1]                  # the memory grows with the history it covers
+    plot.table([tmp_path / 'scaling.json'])
     if variant == 'xl' and has_matplotlib():
         assert plot.plot_scaling(tmp_path / 'scaling.json', tmp_path / 'scaling.png').stat().st_size > 1000
 
@@ -186,6 +188,7 @@ def test_recall_smoke(variant, tmp_path):
         assert 'train/loss' in t['runs'][variant]['final']
         if variant == 'baseline':                   # no memory: emptying it changes nothing
             assert t['accuracy_memory_emptied'][variant] == acc
+    plot.table([tmp_path / 'recall.json'])
     if variant == 'xl' and has_matplotlib():
         assert plot.plot_recall(tmp_path / 'recall.json', tmp_path / 'recall.png').stat().st_size > 1000
 
