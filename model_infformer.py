@@ -5,19 +5,19 @@ in one file.
 A Transformer-XL (short-term memory, STM: the last `mem_len` hidden states of every layer, relative positions)
 whose attention also reads a continuous long-term memory (LTM) of fixed size, however long the text:
   §3.1 Continuous attention. The LTM of a layer is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1], where ψ are N Gaussian
-       RBFs and B (N × e) is fitted by ridge regression to the vectors it stores (Eq. 5, Bᵀ = XᵀG). Each head
-       reads it with a Gaussian density N(t; μ, σ²) whose μ, σ² come from its query's scores against the keys
-       K = B W^K (Eq. 7); the value is E_p[V̄(t)] = Vᵀ E_p[ψ(t)], V = B W^V, in closed form (Eq. 8).
-       The LTM's output is added to the STM attention's before the residual: Z = Z_T + Z_LTM (Eq. 9).
+       RBFs and B (N × e) is fitted by ridge regression to the vectors it stores (Eqs. 5, 7: Bᵀ = XᵀG). Each
+       head reads it with a Gaussian density N(t; μ, σ²) whose μ, σ² come from its query's scores against the
+       keys K = B W^K (Eqs. 8-9); the value is E_p[V̄(t)] = Vᵀ E_p[ψ(t)], V = B W^V, in closed form (Eq. 10).
+       The LTM's output (Eq. 11) is added to the STM attention's before the residual: Z = Z_T + Z_LTM (Eq. 12).
   §3.2 Unbounded memory. The vectors that leave the STM enter the LTM: the old signal is evaluated at M =
-       `n_samples` points, squeezed into [0, τ] (Eqs. 10-12), the new vectors go into ]τ, 1], and one ridge
-       regression over both gives the new B (Eq. 13). B's size never changes.
+       `n_samples` points, squeezed into [0, τ] (Eqs. 13-14), the new vectors go into ]τ, 1] (Eq. 15), and one
+       ridge regression over both gives the new B (Eq. 5 again). B's size never changes.
   §3.3 Sticky memories (`sticky=True`). The M points are drawn from a histogram of the attention the previous
-       step paid to each of D bins of [0, 1] (Eqs. 14-15), so the regions that were read keep more room.
-  §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 16); a KL term pulls every
-       attention density's σ² toward σ₀² (Eqs. 17-18, weight `kl_weight`).
-Equation numbers follow the arXiv v3 text (the seed copy in the repository lost the display equations, so they
-are counted in order of appearance: Eq. 5 ridge, 6-9 §3.1, 10-13 §3.2, 14-15 §3.3, 16-19 §3.4).
+       step paid to each of D bins of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
+  §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 18); a KL term pulls every
+       attention density's σ² toward σ₀² (Eqs. 20-21, weight `kl_weight`).
+Equation numbers are those of the arXiv v3 text, counted in order of appearance from the ones it cites itself
+(Eq. 5 ridge regression, Eq. 6 c = E_p[X̄], Eq. 14 x_m = Bᵀψ(t_m/τ), Eq. 16 the sticky histogram).
 
 Reading order: Config → Memory → small blocks (copied between model files on purpose) → the basis functions and
 the ridge regression → continuous (LTM) attention → relative attention with the LTM → block → model (init, LTM
@@ -120,7 +120,7 @@ class Memory:
     ltm_pending: torch.Tensor  # (B,) int64, how many vectors that left the STM wait for the LTM
     ltm_B: torch.Tensor        # (n_layer, B, n_basis, n_embd) the LTM's coefficients B (Eq. 5)
     ltm_written: torch.Tensor  # (B,) int64, 1 once something was written to the row's LTM (0: its term is masked)
-    ltm_hist: torch.Tensor     # (n_layer, B, sticky_bins) last step's attention histogram over [0, 1] (Eq. 14)
+    ltm_hist: torch.Tensor     # (n_layer, B, sticky_bins) last step's attention histogram over [0, 1] (Eq. 16)
     ltm_rng: torch.Tensor      # (B,) int64, the state of the sticky memories' random numbers
 
 
@@ -210,7 +210,7 @@ def evaluate_basis(t, basis_mu, basis_sigma):
 
 def expected_basis(mu, sigma_sq, basis_mu, basis_sigma):
     """E_{N(t; μ, σ²)}[ψ_j(t)] = N(μ; μ_j, σ² + σ_j²), in closed form (the integral of a product of Gaussians,
-    Eq. 8). mu, sigma_sq: (...,) -> (..., N)."""
+    Eq. 10). mu, sigma_sq: (...,) -> (..., N)."""
     var = sigma_sq[..., None] + basis_sigma ** 2
     return torch.exp(-0.5 * (mu[..., None] - basis_mu) ** 2 / var) / torch.sqrt(2 * math.pi * var)
 
@@ -232,8 +232,8 @@ def ridge_matrix(positions, basis_mu, basis_sigma, ridge_lambda, pad=True):
 
 
 def ridge_positions(config):
-    """Eq. 5 / Eq. 13 positions of one write of L = seg_len vectors: alone, at (i + 1/2)/L in [0, 1]; after the
-    old signal, its M samples at m τ/M in [0, τ] (Eq. 12) and the new vectors at τ + (1 - τ) l/L in ]τ, 1]."""
+    """Eq. 5 positions of one write of L = seg_len vectors: alone, at (i + 1/2)/L in [0, 1]; after the old
+    signal, its M samples at m τ/M in [0, τ] (Eq. 14) and the new vectors at τ + (1 - τ) l/L in ]τ, 1] (Eq. 15)."""
     L, Ms, tau = config.seg_len, config.n_samples, config.tau
     first = (torch.arange(L, dtype=torch.float64) + 0.5) / L
     unbounded = torch.cat([torch.arange(1, Ms + 1, dtype=torch.float64) * tau / Ms,
@@ -242,7 +242,7 @@ def ridge_positions(config):
 
 
 def attention_histogram(mu, sigma_sq, n_bins):
-    """Eqs. 14-15: the Gaussian mass ∫_{d_j} N(t; μ, σ²) dt that the densities (B, H, T) put in each of n_bins
+    """Eqs. 16-17: the Gaussian mass ∫_{d_j} N(t; μ, σ²) dt that the densities (B, H, T) put in each of n_bins
     equal bins of [0, 1] (Normal CDF differences), summed over heads and queries. -> (B, n_bins), unnormalised."""
     edges = torch.linspace(0.0, 1.0, n_bins + 1, device=mu.device, dtype=mu.dtype)
     cdf = torch.special.ndtr((edges - mu[..., None]) / sigma_sq.sqrt()[..., None])   # (B, H, T, D+1)
@@ -261,12 +261,12 @@ def rng_seed(batch_size, device):
 def counter_uniforms(state, n):
     """n uniforms in [0, 1) per row, a pure function of the row's state (B,) int64: a counter-based hash (multiply
     mod the prime 2^31 - 1 and xor-shift, three rounds; products stay below 2^62, so no int64 overflow on any
-    device). -> (B, n) float64"""
+    device). -> (B, n) float32"""
     x = (state[:, None] % RNG_PRIME + 1) * 7919 + torch.arange(1, n + 1, device=state.device) * 104729
     for a in (48271, 69621, 16807):
         x = (x % RNG_PRIME) * a % RNG_PRIME
         x = x ^ (x >> 13)
-    return (x % RNG_PRIME).double() / RNG_PRIME
+    return (x % RNG_PRIME).float() / RNG_PRIME
 
 
 def sample_sticky_points(hist, u):
@@ -287,7 +287,7 @@ def sample_sticky_points(hist, u):
 
 
 class LongTermAttention(nn.Module):
-    """Each head reads the LTM signal with a Gaussian density; returns Z_LTM (Eq. 9) and the densities."""
+    """Each head reads the LTM signal with a Gaussian density; returns Z_LTM (Eq. 11) and the densities."""
 
     def __init__(self, config):
         super().__init__()
@@ -295,20 +295,20 @@ class LongTermAttention(nn.Module):
         self.n_head, self.d_head = H, D
         self.key_net = nn.Linear(C, H * D, bias=False)     # W^K
         self.value_net = nn.Linear(C, H * D, bias=False)   # W^V
-        self.mu_affine = nn.Linear(N, 1)                   # μ = sigmoid(affine(K q / √d))       (Eq. 7)
+        self.mu_affine = nn.Linear(N, 1)                   # μ = sigmoid(affine(K q / √d))       (Eq. 9)
         self.sigma_affine = nn.Linear(N, 1)                # σ² = softplus(affine(K q / √d))
         self.o_net = nn.Linear(H * D, C, bias=False)
         self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
         self.scale = 1.0 / math.sqrt(D)
 
     def gated(self, x):
-        """Eq. 16: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1), smoothing X (B, L, C) before the regression."""
+        """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1), smoothing X (B, L, C) before the regression."""
         if self.gate is None:
             return x
         return torch.sigmoid(self.gate(x.transpose(1, 2))).transpose(1, 2) * x
 
     def keys_values(self, ltm_B):
-        """K = B W^K, V = B W^V (Eq. 6): ltm_B (B, N, C) -> each (B, H, N, D)."""
+        """K = B W^K, V = B W^V (Eq. 8): ltm_B (B, N, C) -> each (B, H, N, D)."""
         Bsz, N, _ = ltm_B.shape
         k = self.key_net(ltm_B).view(Bsz, N, self.n_head, self.d_head).transpose(1, 2)
         v = self.value_net(ltm_B).view(Bsz, N, self.n_head, self.d_head).transpose(1, 2)
@@ -318,11 +318,11 @@ class LongTermAttention(nn.Module):
         """q: (B, H, T, D) the layer's own queries; k, v: (B, H, N, D). Returns Z_LTM (B, T, C) and μ, σ² (B, H, T)."""
         Bsz, H, T, D = q.shape
         scores = torch.einsum('bhid,bhnd->bhin', q, k) * self.scale                 # (B, H, T, N)  K q / √d
-        mu = at_least_float32(torch.sigmoid(self.mu_affine(scores)).squeeze(-1))   # (B, H, T)     Eq. 7
+        mu = at_least_float32(torch.sigmoid(self.mu_affine(scores)).squeeze(-1))   # (B, H, T)     Eq. 9
         sigma_sq = at_least_float32(F.softplus(self.sigma_affine(scores)).squeeze(-1)).clamp(min=1e-4)
         r = expected_basis(mu, sigma_sq, basis_mu, basis_sigma)                     # (B, H, T, N)  E_p[ψ(t)]
-        z = torch.einsum('bhin,bhnd->bhid', r.to(v.dtype), v)                       # (B, H, T, D)  Vᵀ E_p[ψ] (Eq. 8)
-        return self.o_net(z.transpose(1, 2).reshape(Bsz, T, H * D)), mu, sigma_sq
+        z = torch.einsum('bhin,bhnd->bhid', r.to(v.dtype), v)                       # (B, H, T, D)  Vᵀ E_p[ψ] (Eq. 10)
+        return self.o_net(z.transpose(1, 2).reshape(Bsz, T, H * D)), mu, sigma_sq   # Z_LTM (Eq. 11)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -346,7 +346,7 @@ def rel_shift(x):
 
 
 class RelMultiHeadAttnLTM(nn.Module):
-    """model_xl.py's relative multi-head attention over [STM ; segment], plus Z_LTM before the residual (Eq. 9)."""
+    """model_xl.py's relative multi-head attention over [STM ; segment], plus Z_LTM before the residual (Eq. 12)."""
 
     def __init__(self, config):
         super().__init__()
@@ -401,10 +401,10 @@ class RelMultiHeadAttnLTM(nn.Module):
         attn_out = self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D))   # Z_T (B, T, C)
 
         mu = sigma_sq = None
-        if ltm is not None:
+        if ltm is not None:                                       # ltm_on: 0 until the row's LTM was written
             k_ltm, v_ltm, ltm_on, basis_mu, basis_sigma = ltm
             z_ltm, mu, sigma_sq = self.ltm(q, k_ltm, v_ltm, basis_mu, basis_sigma)
-            attn_out = attn_out + z_ltm * ltm_on[:, None, None].to(z_ltm.dtype)   # Z = Z_T + Z_LTM, masked until written
+            attn_out = attn_out + z_ltm * ltm_on[:, None, None].to(z_ltm.dtype)   # Z = Z_T + Z_LTM (Eq. 12)
         attn_out = self.drop(attn_out)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
         return out, (k, v), mu, sigma_sq
@@ -505,7 +505,7 @@ class Model(nn.Module):
         return write, slots, torch.maximum(memory.ltm_written, write.long())
 
     def _write_ltm(self, n, memory, write, slots):
-        """§3.2 + §3.4 for layer n: B of [old signal at M points ; the gated new vectors] (Eq. 13), or of the new
+        """§3.2 + §3.4 for layer n: B of [old signal at M points ; the gated new vectors] (Eqs. 14-15, 5), or of the new
         vectors alone when the row's LTM is empty or `unbounded` is off (Eq. 5); rows that do not write keep their
         B. The gate's gradient flows through the new B into this step's attention; the old B is detached."""
         c = self.config
@@ -513,7 +513,7 @@ class Model(nn.Module):
         old_B = memory.ltm_B[n].to(dtype)                                              # (B, N, C)
         new = memory.mem[n].gather(1, slots[..., None].expand(-1, -1, c.n_embd)).to(dtype)   # (B, L, C) oldest first
         with torch.autocast(device_type=old_B.device.type, enabled=False):            # the regression in float32
-            x_new = self.layers[n].attn.ltm.gated(new)                                 # X̃ (Eq. 16)
+            x_new = self.layers[n].attn.ltm.gated(new)                                 # X̃ (Eq. 18)
             new_B = torch.einsum('blc,ln->bnc', x_new, self.G_first)                   # Bᵀ = X̃ᵀG      (Eq. 5)
             if c.unbounded:
                 if c.sticky:                                                           # §3.3: where to read
@@ -522,9 +522,9 @@ class Model(nn.Module):
                     psi = evaluate_basis(t, self.basis_mu, self.basis_sigma)           # (B, M, N)
                 else:
                     psi = self.psi_linear.expand(old_B.size(0), -1, -1)                # (B, M, N) ψ(m/M)
-                x_past = psi @ old_B                                                   # (B, M, C) Eq. 11
-                X = torch.cat([x_past, x_new], dim=1)                                  # (B, M + L, C) Eq. 12
-                grown = torch.einsum('bmc,mn->bnc', X, self.G_unbounded)               # Eq. 13
+                x_past = psi @ old_B                                                   # (B, M, C) Eq. 14
+                X = torch.cat([x_past, x_new], dim=1)                                  # (B, M + L, C) Eq. 15
+                grown = torch.einsum('bmc,mn->bnc', X, self.G_unbounded)               # Eq. 5
                 new_B = torch.where(memory.ltm_written[:, None, None] > 0, grown, new_B)
         return torch.where(write[:, None, None], new_B, old_B)                         # (B, N, C)
 
@@ -572,8 +572,7 @@ class Model(nn.Module):
         W = 2 * c.seg_len - 1                                                          # waiting slots
         stm_kv = [layer.attn.keys_values(memory.mem[n][:, W:]) for n, layer in enumerate(self.layers)]
         write, slots, written = self._ltm_writes(memory)
-        if not c.ltm:
-            write = torch.zeros_like(write)
+        if not c.ltm:                                  # the waiting vectors are dropped, the LTM stays as it was
             return stm_kv, valid[:, W:], list(memory.ltm_B), [None] * c.n_layer, write, memory.ltm_written
         ltm_Bs = [self._write_ltm(n, memory, write, slots) for n in range(c.n_layer)]
         ltm_inputs = [(*layer.attn.ltm.keys_values(B_.to(self.word_emb.weight.dtype)), written,
@@ -581,7 +580,7 @@ class Model(nn.Module):
         return stm_kv, valid[:, W:], ltm_Bs, ltm_inputs, write, written
 
     def _kl(self, mu_sigmas, written):
-        """Eq. 17: mean over layers, heads and queries of KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1),
+        """Eq. 20: mean over layers, heads and queries of KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1),
         over the rows whose LTM holds something."""
         s0 = self.config.sigma_0 ** 2
         kl = torch.stack([0.5 * (s2 / s0 - torch.log(s2 / s0) - 1).mean(dim=(1, 2)) for _, s2 in mu_sigmas])  # (L, B)
@@ -620,7 +619,7 @@ class Model(nn.Module):
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             aux['lm_loss'] = loss.detach()
             if c.ltm:
-                kl = self._kl(mu_sigmas, written)                                    # §3.4: L = L_NLL + λ_KL L_KL
+                kl = self._kl(mu_sigmas, written)                                    # L = L_NLL + λ_KL L_KL (Eq. 21)
                 aux['kl_loss'] = kl.detach()
                 loss = loss + c.kl_weight * kl
         return logits, loss, new_memory, aux

@@ -118,7 +118,8 @@ def test_attention_histogram_equals_numerical_bin_masses_and_sums_to_one():
         expected = torch.zeros(D, dtype=F64)
         for j in range(D):                                             # ∫_{d_j} Σ_h Σ_i N(t; μ, σ²) dt, Eq. 14
             t = torch.linspace(j / D, (j + 1) / D, 20001, dtype=F64)
-            dens = torch.exp(-0.5 * (t[:, None, None] - mu[b]) ** 2 / sigma_sq[b]) / torch.sqrt(2 * math.pi * sigma_sq[b])
+            var = sigma_sq[b]
+            dens = torch.exp(-0.5 * (t[:, None, None] - mu[b]) ** 2 / var) / torch.sqrt(2 * math.pi * var)
             expected[j] = torch.trapezoid(dens.sum(dim=(1, 2)), t)
         torch.testing.assert_close(hist[b], expected, atol=1e-6, rtol=1e-4)
         p = hist[b] / hist[b].sum()
