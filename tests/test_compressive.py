@@ -84,7 +84,8 @@ def reference_update(model, rows, hids, usage=None):
                 K = mass.size(-1)
                 for k in range(len(row['m'])):
                     key = K - len(row['m']) + k
-                    row['use'][k] = (row['use'][k][0] + float(mass[n, b, key]), row['use'][k][1] + float(queries[b, key]))
+                    used, seen = row['use'][k]
+                    row['use'][k] = (used + float(mass[n, b, key]), seen + float(queries[b, key]))
             if c.cmem_len == 0:
                 row['m'], row['use'] = row['m'][-c.mem_len:], row['use'][-c.mem_len:]
                 continue
@@ -138,7 +139,8 @@ def test_memory_update_equals_algorithm_1(compression, seg_len, mem_len, cmem_le
         hids = torch.randn(L, B, T, c.n_embd, generator=g, dtype=F64)
         usage = None
         if compression == 'most_used' and cmem_len:
-            usage = (torch.rand(L, B, S + T, generator=g, dtype=F64), torch.randint(1, 5, (B, S + T), generator=g).double())
+            usage = (torch.rand(L, B, S + T, generator=g, dtype=F64),
+                     torch.randint(1, 5, (B, S + T), generator=g).double())
         with torch.no_grad():
             memory, _ = model._update_memory(memory, hids, *(usage or (None, None)), recon=False)
         reference_update(model, rows, hids, usage)
@@ -509,7 +511,8 @@ def test_lm_gradients_unchanged_by_recon_loss_which_trains_only_f_c(compression,
         else:
             assert torch.equal(g_total[name], g_lm[name]), name                # identical LM gradients
             assert g_total[name].abs().sum() > 0, name                         # and every one of them non-zero
-    assert trained_by_recon == (0 if compression == 'mean_pool' else 2 * 2) + (2 * 2 if recon_loss == 'autoencoding' else 0)
+    n_f_c = 0 if compression == 'mean_pool' else 2 * 2             # weight and bias per layer (dilated c=2: 1 level)
+    assert trained_by_recon == n_f_c + (2 * 2 if recon_loss == 'autoencoding' else 0)
 
 
 @pytest.mark.parametrize('recon_loss', ['attention', 'autoencoding'])
