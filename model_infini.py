@@ -21,6 +21,8 @@ Training (§3, §4.1): the paper unrolls the memory over 16 segments (inputs of 
 and backpropagates through it. Here the model never detaches the memory; train.py's `--bptt_segments=k` keeps
 the graph over k segments, then detaches (k = 1: only the current segment learns).
 
+Equation numbers follow SPEC §4 (retrieve 7, linear 8, delta 9, gate 10, output 11).
+
 Reading order: Config → Memory → small blocks (copied between model files on purpose) → rotary positions →
 the compressive memory (σ, retrieve, update) → Infini-attention → block → model (init, forward, generate).
 
