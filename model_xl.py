@@ -67,6 +67,8 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.n_embd % 2:
             raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+        if self.lookahead and self.n_layer < 2:
+            raise ValueError("lookahead needs n_layer >= 2: a layer's refreshed memory is the next layer's input")
 
 
 @dataclass
@@ -261,7 +263,7 @@ class Model(nn.Module):
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
         if config.lookahead:                                      # LaMemo's v+, the bias of look-ahead distances
-            self.r_r_bias_future = nn.Parameter(torch.empty(n_bias, H, D))
+            self.r_r_bias_future = nn.Parameter(torch.empty(config.n_layer - 1 if config.untie_r else 1, H, D))
             nn.init.normal_(self.r_r_bias_future, 0.0, config.init_std)
 
     def _init_weights(self, module):
@@ -461,7 +463,9 @@ class Model(nn.Module):
 #   3. The refreshed states go through the rest of the layer (W_o, residual, LayerNorm, feed-forward) and become
 #      layer l+1's memory input m^{l+1}. The segment's queries at layer l attend to [m^l ; h^l] as in
 #      Transformer-XL, m^l being refreshed by the layers below (m^0, the embeddings, is stored as is).
-# Only layer 0's memory is stored as hidden states; every layer stores C^← and log s^← of its last M positions.
+# Only layer 0's memory is stored as hidden states; every layer but the last stores C^← and log s^← of its last
+# M positions. The last layer has no next layer to feed, so it refreshes nothing (the authors' code computes its
+# refresh and discards it; the outputs are the same) and has no v₊.
 # Every refreshed state has seen only tokens up to the segment's first token, which every query of the segment
 # sees too, so nothing leaks. Over the steps a memory state keeps looking further ahead while it stays in memory.
 #
@@ -483,9 +487,9 @@ class LookAheadMemory(Memory):
     mem:      (1, B, M, C) layer 0's memory only (the embeddings of the last M positions); the other layers'
               memory inputs are recomputed at every step by refreshing the layer below
     length:   (B,) int64, how many of the M slots (the most recent ones) are valid
-    attn_vec: (n_layer, B, H, M, D) per layer and memory position, the attention output before W_o (C^←), merged
-              over every key the position has attended so far
-    attn_lse: (n_layer, B, H, M) float32 (or the model's dtype if wider), the log-sum-exp of those scores (log s^←)
+    attn_vec: (n_layer - 1, B, H, M, D) per layer (but the last) and memory position, the attention output before
+              W_o (C^←), merged over every key the position has attended so far
+    attn_lse: (n_layer - 1, B, H, M) float32 (or the model's dtype if wider), the log-sum-exp of those scores (log s^←)
     prev_len: (B,) int64, the length of the previous segment: the look-ahead window"""
     attn_vec: torch.Tensor
     attn_lse: torch.Tensor
@@ -496,7 +500,7 @@ def lookahead_init_memory(model, batch_size, device, mem_len=None):
     """Model.init_memory with lookahead: empty memory for batch_size fresh streams."""
     c = model.config
     M = c.mem_len if mem_len is None else mem_len
-    B, L, H, D = batch_size, c.n_layer, c.n_head, c.d_head
+    B, L, H, D = batch_size, c.n_layer - 1, c.n_head, c.d_head   # the last layer refreshes nothing
     dtype = model.word_emb.weight.dtype
     zeros = dict(device=device, dtype=dtype)
     return LookAheadMemory(mem=torch.zeros(1, B, M, c.n_embd, **zeros),
@@ -632,8 +636,9 @@ def _future_positions(model, M, device):
 def lookahead_layers(model, h, memory):
     """All layers for the first T tokens of a segment, refreshing the memory on the way up.
     h: (B, T, C) embeddings h^0. Returns the last layer's output (B, T, C) and a dict with, per layer:
-    'kv' (k, v) of [memory ; tokens], 'mem' the merged (C^↔, log s) of the memory positions, 'seg' the tokens'
-    own (C, log s), 'mem_in' the layer's memory input m^l (B, M, C); and 'key_valid' (B, M+T)."""
+    'kv' (k, v) of [memory ; tokens], 'mem' the merged (C^↔, log s) of the memory positions (all layers but the
+    last), 'seg' the tokens' own (C, log s), 'mem_in' the layer's memory input m^l (B, M, C); and 'key_valid'
+    (B, M+T)."""
     c = model.config
     B, T, _ = h.shape
     M = memory.mem.size(2)
@@ -649,15 +654,16 @@ def lookahead_layers(model, h, memory):
     for n, layer in enumerate(model.layers):
         state['mem_in'].append(mem)
         vec, lse, kv = _attend(model, n, layer.attn, h, layer.attn.keys_values(mem), r, attn_mask)
-        old = (memory.attn_vec[n], memory.attn_lse[n])            # (B, H, M, D), (B, H, M)
-        if M > 0:
-            new_vec, new_lse = _look_ahead(model, n, layer.attn, mem, kv, r_future, la_mask)
-            merged = lookahead_merge(*old, new_vec, new_lse)
-            keep = mem_valid[:, None, :]                          # (B, 1, M): invalid slots refresh nothing
-            old = (torch.where(keep[..., None], merged[0], old[0]), torch.where(keep, merged[1], old[1]))
-            mem = _block_rest(layer, mem, old[0])                 # m^{l+1}
+        if n < c.n_layer - 1:                                     # the last layer has no next layer to refresh
+            old = (memory.attn_vec[n], memory.attn_lse[n])        # (B, H, M, D), (B, H, M)
+            if M > 0:
+                new_vec, new_lse = _look_ahead(model, n, layer.attn, mem, kv, r_future, la_mask)
+                merged = lookahead_merge(*old, new_vec, new_lse)
+                keep = mem_valid[:, None, :]                      # (B, 1, M): invalid slots refresh nothing
+                old = (torch.where(keep[..., None], merged[0], old[0]), torch.where(keep, merged[1], old[1]))
+                mem = _block_rest(layer, mem, old[0])             # m^{l+1}
+            state['mem'].append(old)
         state['kv'].append(kv)
-        state['mem'].append(old)
         state['seg'].append((vec, lse))
         h = _block_rest(layer, h, vec)
     return h, state
@@ -665,7 +671,7 @@ def lookahead_layers(model, h, memory):
 
 def lookahead_new_memory(memory, emb, mem_states, seg_states):
     """The memory after a segment of T tokens: layer 0's memory rolls FIFO over the embeddings emb (B, T, C);
-    every layer keeps C and log s of the last M positions (the merged ones for old positions, the segment's own
+    every layer but the last (len(mem_states) of them) keeps C and log s of the last M positions (the merged ones for old positions, the segment's own
     for new ones); all detached."""
     M, T = memory.mem.size(2), emb.size(1)
     dtype, lse_dtype = memory.attn_vec.dtype, memory.attn_lse.dtype
@@ -694,10 +700,10 @@ def lookahead_forward(model, idx, memory, targets=None):
 
 
 def lookahead_flops_per_segment(c, M):
-    """Training FLOPs per segment that the look-ahead adds: W_q, W_o and the feed-forward over the M memory
-    positions, W_{k,R} over the M future distances, and the look-ahead attention (M queries, W keys, 3 products)."""
+    """Training FLOPs per segment that the look-ahead adds in every layer but the last: W_q, W_o and the
+    feed-forward over the M memory positions, W_{k,R} over the M future distances, and the look-ahead attention (M queries, W keys, 3 products)."""
     W, HD = min(c.seg_len, M), c.n_head * c.d_head
-    return 6 * c.n_layer * (M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 3 * HD * M * W)
+    return 6 * (c.n_layer - 1) * (M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 3 * HD * M * W)
 
 
 @torch.no_grad()

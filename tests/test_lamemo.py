@@ -292,8 +292,8 @@ def test_memory_shapes_fixed_lengths_saturate_and_reset():
 
     first = shapes(memory)
     assert first == {'mem': ((1, 2, 10, 16), torch.float32, True), 'length': ((2,), torch.long, True),
-                     'attn_vec': ((3, 2, 2, 10, 8), torch.float32, True),
-                     'attn_lse': ((3, 2, 2, 10), torch.float32, True), 'prev_len': ((2,), torch.long, True)}
+                     'attn_vec': ((2, 2, 2, 10, 8), torch.float32, True),      # layers 0, 1: the last has no
+                     'attn_lse': ((2, 2, 2, 10), torch.float32, True), 'prev_len': ((2,), torch.long, True)}
     lengths = []
     with torch.no_grad():
         for n in (4, 4, 3, 4, 1):
@@ -305,7 +305,7 @@ def test_memory_shapes_fixed_lengths_saturate_and_reset():
                 assert memory.attn_vec[:, :, :, 6:].abs().min() > 0
     assert lengths == [[4, 4], [8, 8], [10, 10], [10, 10], [10, 10]]
     assert memory.prev_len.tolist() == [1, 1]
-    assert model.init_memory(3, 'cpu', mem_len=7).attn_vec.shape == (c.n_layer, 3, c.n_head, 7, c.d_head)
+    assert model.init_memory(3, 'cpu', mem_len=7).attn_vec.shape == (c.n_layer - 1, 3, c.n_head, 7, c.d_head)
 
 
 def test_reset_memory_row_equals_fresh_stream():
@@ -344,7 +344,7 @@ def test_lookahead_false_is_plain_transformer_xl():
     on = Model(Config(**fields, lookahead=True)).eval()
     assert list(off.state_dict()) == list(old.state_dict())
     assert set(on.state_dict()) == set(old.state_dict()) | {'r_r_bias_future'}
-    assert on.r_r_bias_future.shape == on.r_r_bias.shape
+    assert on.r_r_bias_future.shape == (1, 2, 8)                 # layer 0's: the last layer refreshes nothing
     memory = off.init_memory(2, 'cpu')
     assert type(memory) is Memory and list(memory.__dict__) == ['mem', 'length']
     idx = tokens(2, 12)
@@ -356,6 +356,12 @@ def test_lookahead_false_is_plain_transformer_xl():
     assert_close(c[:, :4], a[:, :4]) and differs(c[:, 4:], a[:, 4:])   # same weights; LaMemo differs later
     assert on.num_params() == old.num_params() + on.r_r_bias_future.numel()
     assert on.flops_per_token() > old.flops_per_token()
+
+
+def test_config_rejects_lookahead_with_one_layer():
+    with pytest.raises(ValueError, match='n_layer >= 2'):
+        Config(n_layer=1, lookahead=True)
+    Config(n_layer=1)
 
 
 def test_different_memory_gives_different_logits_and_mem_len_override():
@@ -472,7 +478,7 @@ def test_compiles_once(monkeypatch):
     """3 training steps from an empty memory (0 -> 4 -> 8 valid slots): dynamo compiles the model once."""
     monkeypatch.setattr(torch._dynamo.config, 'error_on_recompile', True)
     torch._dynamo.reset()
-    model = make_model(dtype=torch.float32, n_layer=1, seg_len=4, mem_len=8).train()
+    model = make_model(dtype=torch.float32, seg_len=4, mem_len=8).train()
     compiled = torch.compile(model)
     memory = model.init_memory(2, 'cpu')
     idx = tokens(2, 13)
