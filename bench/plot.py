@@ -162,7 +162,8 @@ def table_speed(r):
                                      for m in modes] + [f'{ratio:.2f}' if ratio else '']))
     if r['eval']:
         modes = list(next(iter(r['eval'].values())))
-        lines += ['', _row(['variant'] + [f'eval {m} tok/s (× baseline)' for m in modes]), _row(['---'] * (len(modes) + 1))]
+        lines += ['', _row(['variant'] + [f'eval {m} tok/s (× baseline)' for m in modes]),
+                  _row(['---'] * (len(modes) + 1))]
         for v, t in r['eval'].items():
             lines.append(_row([v] + [f"{t[m]['tokens_per_s']:,.0f} ({t[m].get('ratio_to_baseline', float('nan')):.2f})"
                                      for m in modes]))
@@ -196,8 +197,9 @@ def table_recall(r):
         for v, acc in t['accuracy'].items():
             empty = t['accuracy_memory_emptied'][v]
             run = t['runs'][v]
+            loss = run['final'].get('train/loss', float('nan'))
             lines.append(_row([v] + [f"{acc[c]:.2f} ({empty[c]:.2f})" for c in cols]
-                              + [f"{run['final'].get('train/loss', float('nan')):.3f}", f"{run['train_seconds']:.0f} s"]))
+                              + [f"{loss:.3f}", f"{run['train_seconds']:.0f} s"]))
         for name, ref in t.get('window_reference', {}).items():
             lines.append(_row([f'counts of the last {name}'] + [f"{ref[c]:.2f}" for c in cols] + ['', '']))
         lines.append('')

@@ -335,8 +335,8 @@ def run(cfg, specs, size, argv=(), skipped=None):
         plot.plot_recall(cfg.out, Path(cfg.out).with_suffix('.png'))
         for task in result['tasks']:
             logs = [Path(cfg.out_dir) / task / v / 'log.jsonl' for v in specs]
-            plot.plot_loss([p for p in logs if p.exists()], Path(cfg.out).with_name(f'recall_{task}_loss.png'),
-                           labels=[v for v, p in zip(specs, logs) if p.exists()])
+            out = Path(cfg.out).with_name(f'{Path(cfg.out).stem}_{task}_loss.png')
+            plot.plot_loss([p for p in logs if p.exists()], out, labels=[v for v, p in zip(specs, logs) if p.exists()])
     except plot.NoMatplotlib as e:
         print(e)
     return result
