@@ -27,6 +27,11 @@ RESULTS = Path(__file__).resolve().parent / 'results'
 
 # The matched CPU size of issue 9: 4 layers, d 256, 4 heads of 64, d_inner 1024, segment 128, GPT-2 vocabulary.
 CPU_SIZE = dict(vocab_size=50304, n_layer=4, n_embd=256, n_head=4, d_head=64, d_inner=1024, seg_len=128)
+# The size of the CPU demos (config/*_demo.py): 4 layers, d 128, 4 heads of 32, d_inner 512, segment 64, memory 64
+# (compressed memory 32 at c = 2, n_basis 150): the step-time ratios quoted in the top-level README.
+DEMO_SIZE = dict(vocab_size=50304, n_layer=4, n_embd=128, n_head=4, d_head=32, d_inner=512, seg_len=64)
+SIZES = {'matched': (CPU_SIZE, dict(mem_len=128, cmem_len=64, n_basis=128)),
+         'demo': (DEMO_SIZE, dict(mem_len=64, cmem_len=32, n_basis=150))}
 
 
 def variant_table(mem_len=128, cmem_len=64, n_basis=128):
@@ -40,6 +45,7 @@ def variant_table(mem_len=128, cmem_len=64, n_basis=128):
         'infini_linear': dict(model='infini', memory_update='linear'),
         'infini_delta': dict(model='infini', memory_update='delta'),
         'infformer': dict(model='infformer', mem_len=mem_len, n_basis=n_basis, n_samples=n_basis),
+        'infformer_sticky': dict(model='infformer', mem_len=mem_len, n_basis=n_basis, n_samples=n_basis, sticky=True),
     }
 
 

@@ -7,6 +7,7 @@ the model's KV cache against recomputing the open window through forward().
     python bench/speed.py --variants=baseline,xl --steps=20
     python bench/speed.py --device=cuda --batch_size=32     # a GPU
     python bench/speed.py --profile=xl_lookahead            # + torch.profiler tables of one eager fp32 step
+    python bench/speed.py --size=demo --parts=train,eval --modes=eager   # step times at config/*_demo.py's size
 
 Background load from other processes moves absolute numbers, so everything runs in one process with the
 variants and modes interleaved round by round (each round runs one step of every entry), and we report medians
@@ -35,6 +36,7 @@ MODES = {  # name: (compiled, autocast dtype)
 @dataclass
 class SpeedConfig:
     variants: str = 'all'          # comma-separated names from common.variant_table(), or all
+    size: str = 'matched'          # matched (issue 9's CPU size) or demo (config/*_demo.py's size)
     device: str = 'cpu'            # cpu, cuda, auto
     parts: str = 'train,eval,generate'   # what to measure (a subset runs faster)
     modes: str = 'eager,bf16,compile,compile_bf16'
@@ -56,6 +58,8 @@ class SpeedConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.gen_tokens < 2:
             raise ValueError("gen_tokens must be >= 2 (the time per token is measured between tokens)")
+        if self.size not in common.SIZES:
+            raise ValueError(f"size must be one of {', '.join(common.SIZES)}, got {self.size!r}")
         for field in ('modes', 'eval_modes'):
             for m in getattr(self, field).split(','):
                 if m and m not in MODES:
@@ -303,7 +307,7 @@ def check_targets(result):
 
 def print_table(result):
     modes = list(next(iter(result['train'].values())).keys()) if result['train'] else []
-    print(f"\ntraining tokens/s (ratio to baseline) | eval tokens/s | generation cached / recompute")
+    print("\ntraining tokens/s (ratio to baseline) | eval tokens/s | generation cached / recompute")
     for name in dict.fromkeys(list(result['train']) + list(result['eval']) + list(result['generate'])):
         r = result['train'].get(name, {})
         cells = ' '.join(f"{m} {r[m]['tokens_per_s']:,.0f} ({r[m].get('ratio_to_baseline', float('nan')):.2f})"
@@ -323,8 +327,9 @@ def main(argv=None):
 
     def go(argv):
         cfg = common.parse(argv, SpeedConfig)
-        specs, skipped = common.select(common.variant_table(), cfg.variants, cfg.strict)
-        run(cfg, specs, common.CPU_SIZE, argv, skipped)
+        size, memory = common.SIZES[cfg.size]
+        specs, skipped = common.select(common.variant_table(**memory), cfg.variants, cfg.strict)
+        run(cfg, specs, size, argv, skipped)
     common.train.run_cli(go, argv)
 
 

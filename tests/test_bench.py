@@ -31,7 +31,8 @@ TINY_VARIANTS = {
     'compressive': TINY_MODELS['compressive'],
     'infini_linear': dict(TINY_MODELS['infini'], memory_update='linear'),
     'infini_delta': dict(TINY_MODELS['infini'], memory_update='delta'),
-    'infformer': TINY_MODELS['infformer'],
+    'infformer': dict(TINY_MODELS['infformer'], sticky=False),
+    'infformer_sticky': dict(TINY_MODELS['infformer'], sticky=True),
 }
 
 
