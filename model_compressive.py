@@ -189,6 +189,26 @@ def sample_next(logits, temperature=1.0, top_k=None):
     return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
 
 
+# Copied from model_xl.py (decode)
+def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
+    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
+    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+    if idx.size(1) == 0:
+        raise ValueError("generate needs at least one token in idx")
+    for start in range(0, idx.size(1), seg_len):
+        logits = step(idx[:, start:start + seg_len])
+    for i in range(max_new_tokens):
+        idx_next = sample_next(logits, temperature, top_k)
+        idx = torch.cat([idx, idx_next], dim=1)
+        if callback is not None:
+            callback(idx_next)
+        if i + 1 < max_new_tokens:
+            logits = step(idx_next)
+    return idx
+
+
 # -----------------------------------------------------------------------------------------------------------
 # Compression functions f_c (§3.1)
 
@@ -509,7 +529,6 @@ class Model(nn.Module):
         L, B, S_T = x.shape[:3]
         G = new_cm.size(2)
         S = memory.mem.size(2)
-        T = S_T - S
         cl, ml = memory.cmem_length, memory.mem_length
         n_cm = (cl + n_new).clamp(max=N)                          # (B,)
         p = torch.arange(S, device=x.device)[None, :] - (S - n_cm - n_keep)[:, None]   # (B, S) place in the result
@@ -641,8 +660,6 @@ class Model(nn.Module):
         callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
         c = self.config
         B = idx.size(0)
-        if idx.size(1) == 0:
-            raise ValueError("generate needs at least one token in idx")
         if memory is None:
             memory = self.init_memory(B, idx.device)
         L, S = c.n_layer, memory.mem.size(2)
@@ -660,7 +677,7 @@ class Model(nn.Module):
             seg_pos = 0
 
         def step(tokens):
-            nonlocal memory, cache, key_valid, seg_pos
+            nonlocal memory, key_valid, seg_pos
             T = tokens.size(1)
             key_valid = torch.cat([key_valid, key_valid.new_ones(B, T)], dim=1)
             K = key_valid.size(1)
@@ -684,14 +701,4 @@ class Model(nn.Module):
             return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position
 
         open_segment()
-        # the prompt, in pieces that never cross a segment boundary
-        for start in range(0, idx.size(1), c.seg_len):
-            logits = step(idx[:, start:start + c.seg_len])
-        for i in range(max_new_tokens):
-            idx_next = sample_next(logits, temperature, top_k)
-            idx = torch.cat([idx, idx_next], dim=1)
-            if callback is not None:
-                callback(idx_next)
-            if i + 1 < max_new_tokens:
-                logits = step(idx_next)
-        return idx
+        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)

@@ -143,6 +143,26 @@ def sample_next(logits, temperature=1.0, top_k=None):
     return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
 
 
+# Copied from model_xl.py (decode)
+def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
+    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
+    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+    if idx.size(1) == 0:
+        raise ValueError("generate needs at least one token in idx")
+    for start in range(0, idx.size(1), seg_len):
+        logits = step(idx[:, start:start + seg_len])
+    for i in range(max_new_tokens):
+        idx_next = sample_next(logits, temperature, top_k)
+        idx = torch.cat([idx, idx_next], dim=1)
+        if callback is not None:
+            callback(idx_next)
+        if i + 1 < max_new_tokens:
+            logits = step(idx_next)
+    return idx
+
+
 # -----------------------------------------------------------------------------------------------------------
 # Rotary positions for the local attention (Su et al., 2021). The paper's Figure 1 puts "PE" on the local
 # attention's queries and keys only; the memory reads and writes position-free.
@@ -411,16 +431,4 @@ class Model(nn.Module):
             h = self.ln_f(h[:, -1])
             return F.linear(h, self.word_emb.weight)                # (B, V) logits of the last position
 
-        if idx.size(1) == 0:
-            raise ValueError("generate needs at least one token in idx")
-        # the prompt, in pieces that never cross a segment boundary
-        for start in range(0, idx.size(1), c.seg_len):
-            logits = step(idx[:, start:start + c.seg_len])
-        for i in range(max_new_tokens):
-            idx_next = sample_next(logits, temperature, top_k)
-            idx = torch.cat([idx, idx_next], dim=1)
-            if callback is not None:
-                callback(idx_next)
-            if i + 1 < max_new_tokens:
-                logits = step(idx_next)
-        return idx
+        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)

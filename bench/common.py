@@ -99,7 +99,7 @@ def select(table, names, strict=False):
 
 def _probe_overrides(spec):
     """Build a variant at a tiny size to see whether it exists (fields absent from the spec only)."""
-    tiny = dict(vocab_size=32, n_layer=1, n_embd=16, n_head=2, d_head=8, d_inner=16, seg_len=8)
+    tiny = dict(vocab_size=32, n_layer=2, n_embd=16, n_head=2, d_head=8, d_inner=16, seg_len=8)
     return {k: v for k, v in tiny.items() if k not in spec}
 
 
