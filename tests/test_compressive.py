@@ -8,7 +8,6 @@ float32, so comparisons that involve it use ~1e-6 tolerances.
 """
 
 import math
-import time
 
 import pytest
 import torch
@@ -728,7 +727,6 @@ def test_loss_goes_down_on_repeated_pattern(compression):
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     memory = model.init_memory(B, 'cpu')
     losses = []
-    t0 = time.time()
     for step in range(steps):
         x = data[:, step * seg:(step + 1) * seg]
         y = data[:, step * seg + 1:(step + 1) * seg + 1]
@@ -739,7 +737,6 @@ def test_loss_goes_down_on_repeated_pattern(compression):
         losses.append(aux['lm_loss'].item())
     initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
     assert final < 0.5 * initial, (initial, final)
-    assert time.time() - t0 < 30
 
 
 def test_flops_per_token_counts_compressed_keys():

@@ -7,7 +7,6 @@ no code with the model (least squares on an augmented system, numerical integrat
 """
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -504,7 +503,6 @@ def test_loss_goes_down_on_repeated_pattern():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     memory = model.init_memory(B, 'cpu')
     losses = []
-    t0 = time.time()
     for step in range(steps):
         x, y = data[:, step * seg:(step + 1) * seg], data[:, step * seg + 1:(step + 1) * seg + 1]
         _, loss, memory, aux = model(x, memory, targets=y)
@@ -514,7 +512,6 @@ def test_loss_goes_down_on_repeated_pattern():
         losses.append(aux['lm_loss'].item())
     initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
     assert final < 0.5 * initial, (initial, final)
-    assert time.time() - t0 < 30
 
 
 # -----------------------------------------------------------------------------------------------------------

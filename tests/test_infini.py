@@ -7,11 +7,9 @@ below the O(1e-2) differences a broken property produces.
 """
 
 import math
-import time
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import model_infini
 from model_infini import Config, Memory, Model, apply_rope, memory_retrieve, memory_update, sample_next, sigma
@@ -622,7 +620,6 @@ def test_loss_goes_down_on_repeated_pattern(rule):
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     memory = model.init_memory(B, 'cpu')
     losses = []
-    t0 = time.time()
     for step in range(steps):
         x, y = data[:, step * seg:(step + 1) * seg], data[:, step * seg + 1:(step + 1) * seg + 1]
         _, loss, memory, _ = model(x, memory, targets=y)
@@ -632,4 +629,3 @@ def test_loss_goes_down_on_repeated_pattern(rule):
         memory = Memory(**{k: v.detach() for k, v in vars(memory).items()})
         losses.append(loss.item())
     assert sum(losses[-10:]) / 10 < 0.3 * sum(losses[:10]) / 10, (losses[:5], losses[-5:])
-    assert time.time() - t0 < 30

@@ -7,7 +7,6 @@ use ~1e-6 tolerances, which are still far below the O(1e-2) differences a broken
 """
 
 import math
-import time
 
 import pytest
 import torch
@@ -594,7 +593,6 @@ def test_loss_goes_down_on_repeated_pattern():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     memory = model.init_memory(B, 'cpu')
     losses = []
-    t0 = time.time()
     for step in range(steps):
         x = data[:, step * seg:(step + 1) * seg]
         y = data[:, step * seg + 1:(step + 1) * seg + 1]
@@ -606,7 +604,6 @@ def test_loss_goes_down_on_repeated_pattern():
         assert torch.equal(aux['lm_loss'], loss.detach())
     initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
     assert final < 0.5 * initial, (initial, final)
-    assert time.time() - t0 < 30
 
 
 def test_loss_is_token_cross_entropy():
