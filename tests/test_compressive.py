@@ -14,10 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import model_xl
+from _model_tests import F64, V, assert_close, differs, run_segments, sinusoid, tokens, train_on_repeated_pattern
 from model_compressive import COMPRESSIONS, Compression, Config, Memory, Model
-
-V = 97
-F64 = torch.float64
 
 
 def make_model(dtype=F64, seed=0, **overrides):
@@ -27,27 +25,6 @@ def make_model(dtype=F64, seed=0, **overrides):
     fields.update(overrides)
     torch.manual_seed(seed)
     return Model(Config(**fields)).to(dtype).eval()
-
-
-def tokens(batch_size, length, seed=1):
-    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
-
-
-def run_segments(model, idx, memory, seg):
-    """Feed idx (B, T) in consecutive pieces of seg tokens, carrying the memory -> (logits (B, T, V), memory)."""
-    logits = []
-    for start in range(0, idx.size(1), seg):
-        piece, _, memory, _ = model(idx[:, start:start + seg], memory)
-        logits.append(piece)
-    return torch.cat(logits, dim=1), memory
-
-
-def assert_close(a, b, atol=1e-6, rtol=1e-5):
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
-
-
-def differs(a, b, atol=1e-4):
-    return not torch.allclose(a, b, atol=atol, rtol=0)
 
 
 def random_memory(model, B, cmem_lengths, mem_lengths, seed=123):
@@ -347,12 +324,6 @@ def test_transformer_xl_weights_load_apart_from_compression():
 
 # -----------------------------------------------------------------------------------------------------------
 # 5. the attention over [cm ; m ; segment] against a slow loop
-
-
-def sinusoid(distance, n_embd):
-    freqs = [10000.0 ** (-2.0 * k / n_embd) for k in range(n_embd // 2)]
-    return torch.tensor([math.sin(distance * f) for f in freqs] + [math.cos(distance * f) for f in freqs],
-                        dtype=F64)
 
 
 @torch.no_grad()
@@ -717,24 +688,10 @@ def test_compiles_once_while_memory_fills_and_compression_starts(monkeypatch):
 
 @pytest.mark.parametrize('compression', ['conv', 'most_used'])
 def test_loss_goes_down_on_repeated_pattern(compression):
-    seg, B, steps = 8, 4, 120
+    seg, steps = 8, 120
     model = make_model(dtype=torch.float32, compression=compression, n_embd=32, d_head=16, d_inner=64,
                        seg_len=seg, mem_len=seg, cmem_len=4).train()
-    torch.manual_seed(0)
-    pattern = torch.randint(0, V, (13,))
-    stream = pattern.repeat(steps * seg // 13 + 3)
-    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    memory = model.init_memory(B, 'cpu')
-    losses = []
-    for step in range(steps):
-        x = data[:, step * seg:(step + 1) * seg]
-        y = data[:, step * seg + 1:(step + 1) * seg + 1]
-        _, loss, memory, aux = model(x, memory, targets=y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(aux['lm_loss'].item())
+    losses = train_on_repeated_pattern(model, steps, record='lm_loss')
     initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
     assert final < 0.5 * initial, (initial, final)
 

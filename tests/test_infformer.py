@@ -14,12 +14,10 @@ import torch
 import torch.nn.functional as F
 
 import model_xl
+from _model_tests import F64, V, differs, run_segments, tokens, train_on_repeated_pattern
 from model_infformer import (Config, Memory, Model, attention_histogram, evaluate_basis, expected_basis,
                              counter_uniforms, gaussian_basis, ridge_matrix, ridge_positions,
                              sample_sticky_points)
-
-V = 97
-F64 = torch.float64
 
 
 def make_model(dtype=F64, seed=0, **overrides):
@@ -29,22 +27,6 @@ def make_model(dtype=F64, seed=0, **overrides):
     fields.update(overrides)
     torch.manual_seed(seed)
     return Model(Config(**fields)).to(dtype).eval()
-
-
-def tokens(batch_size, length, seed=1):
-    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
-
-
-def run_segments(model, idx, memory, seg):
-    logits = []
-    for start in range(0, idx.size(1), seg):
-        piece, _, memory, _ = model(idx[:, start:start + seg], memory)
-        logits.append(piece)
-    return torch.cat(logits, dim=1), memory
-
-
-def differs(a, b, atol=1e-4):
-    return not torch.allclose(a, b, atol=atol, rtol=0)
 
 
 def reference_ridge(positions, values, basis_mu, basis_sigma, lam, pad_positions=()):
@@ -493,23 +475,11 @@ def test_bf16_autocast_forward_backward():
 
 
 def test_loss_goes_down_on_repeated_pattern():
-    seg, B, steps = 8, 4, 120
+    seg, steps = 8, 120
     model = make_model(dtype=torch.float32, n_embd=32, d_head=16, d_inner=64, seg_len=seg, mem_len=seg,
                        sticky=True).train()
-    torch.manual_seed(0)
-    pattern = torch.randint(0, V, (29,))                                # longer than the STM: the LTM can help
-    stream = pattern.repeat(steps * seg // 29 + 3)
-    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    memory = model.init_memory(B, 'cpu')
-    losses = []
-    for step in range(steps):
-        x, y = data[:, step * seg:(step + 1) * seg], data[:, step * seg + 1:(step + 1) * seg + 1]
-        _, loss, memory, aux = model(x, memory, targets=y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(aux['lm_loss'].item())
+    # a period of 29, longer than the STM: the LTM can help
+    losses = train_on_repeated_pattern(model, steps, period=29, record='lm_loss')
     initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
     assert final < 0.5 * initial, (initial, final)
 

@@ -6,16 +6,19 @@ Tiny configs throughout (1-2 layers, n_embd 16, vocab 97, seg_len 4-8). Exact pr
 below the O(1e-2) differences a broken property produces.
 """
 
+import functools
 import math
 
 import pytest
 import torch
 
+import _model_tests
 import model_infini
+from _model_tests import F64, V, differs, run_segments, tokens, train_on_repeated_pattern
 from model_infini import Config, Memory, Model, apply_rope, memory_retrieve, memory_update, sample_next, sigma
 
-V = 97   # vocab size of every test model
-F64 = torch.float64
+# this file's default tolerances (1e-9, see above) are tighter than those of the other model tests
+assert_close = functools.partial(_model_tests.assert_close, atol=1e-9, rtol=1e-7)
 
 
 def make_model(dtype=F64, seed=0, **overrides):
@@ -32,27 +35,6 @@ def spread_gates(model, values=(-1.0, 0.7)):
     with torch.no_grad():
         for layer in model.layers:
             layer.attn.beta.copy_(torch.tensor(values[:model.config.n_head], dtype=layer.attn.beta.dtype))
-
-
-def tokens(batch_size, length, seed=1):
-    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
-
-
-def run_segments(model, idx, memory, seg):
-    """Feed idx (B, T) in consecutive pieces of seg tokens, carrying the memory -> (logits (B, T, V), memory)."""
-    logits = []
-    for start in range(0, idx.size(1), seg):
-        piece_logits, _, memory, _ = model(idx[:, start:start + seg], memory)
-        logits.append(piece_logits)
-    return torch.cat(logits, dim=1), memory
-
-
-def assert_close(a, b, atol=1e-9, rtol=1e-7):
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
-
-
-def differs(a, b, atol=1e-4):
-    return not torch.allclose(a, b, atol=atol, rtol=0)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -610,22 +592,8 @@ def test_compile_traces_once_while_the_memory_fills():
 
 @pytest.mark.parametrize('rule', ['linear', 'delta'])
 def test_loss_goes_down_on_repeated_pattern(rule):
-    seg, B, steps = 8, 4, 120
+    seg, steps = 8, 120
     model = make_model(dtype=torch.float32, n_layer=1, n_embd=32, d_head=16, d_inner=64, seg_len=seg,
                        memory_update=rule).train()
-    torch.manual_seed(0)
-    pattern = torch.randint(0, V, (13,))
-    stream = pattern.repeat(steps * seg // 13 + 3)
-    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    memory = model.init_memory(B, 'cpu')
-    losses = []
-    for step in range(steps):
-        x, y = data[:, step * seg:(step + 1) * seg], data[:, step * seg + 1:(step + 1) * seg + 1]
-        _, loss, memory, _ = model(x, memory, targets=y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        memory = Memory(**{k: v.detach() for k, v in vars(memory).items()})
-        losses.append(loss.item())
+    losses = train_on_repeated_pattern(model, steps, detach_memory=True)
     assert sum(losses[-10:]) / 10 < 0.3 * sum(losses[:10]) / 10, (losses[:5], losses[-5:])

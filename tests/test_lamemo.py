@@ -12,11 +12,9 @@ import pytest
 import torch
 
 import model_xl
+from _model_tests import F64, V, assert_close, differs, run_segments, sinusoid, tokens, train_on_repeated_pattern
 from model_xl import (Config, LookAheadMemory, Memory, Model, lookahead_layers, lookahead_merge, rel_shift_future,
                       sample_next)
-
-V = 97
-F64 = torch.float64
 
 
 def make_model(dtype=F64, seed=0, lookahead=True, **overrides):
@@ -35,30 +33,6 @@ def xl_twin(model):
     state = {k: v for k, v in model.state_dict().items() if k != 'r_r_bias_future'}
     xl.load_state_dict(state)
     return xl
-
-
-def tokens(batch_size, length, seed=1):
-    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
-
-
-def run_segments(model, idx, memory, lengths):
-    """Feed idx (B, T) in consecutive pieces of the given lengths (an int: all equal), carrying the memory."""
-    if isinstance(lengths, int):
-        lengths = [lengths] * math.ceil(idx.size(1) / lengths)
-    logits, start = [], 0
-    for n in lengths:
-        piece_logits, _, memory, _ = model(idx[:, start:start + n], memory)
-        logits.append(piece_logits)
-        start += n
-    return torch.cat(logits, dim=1), memory
-
-
-def assert_close(a, b, atol=1e-6, rtol=1e-5):
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
-
-
-def differs(a, b, atol=1e-4):
-    return not torch.allclose(a, b, atol=atol, rtol=0)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -116,12 +90,6 @@ def test_merge_detaches_the_old_side_only():
     grads = torch.autograd.grad(vec.sum(), [old_vec, old_lse, new_vec, new_lse], allow_unused=True)
     assert grads[0] is None and grads[1] is None                       # sg(C_old), sg(s_old)
     assert grads[2].abs().sum() > 0 and grads[3].abs().sum() > 0       # α keeps its gradient through s_new
-
-
-def sinusoid(distance, n_embd):
-    freqs = [10000.0 ** (-2.0 * k / n_embd) for k in range(n_embd // 2)]
-    return torch.tensor([math.sin(distance * f) for f in freqs] + [math.cos(distance * f) for f in freqs],
-                        dtype=F64)
 
 
 @torch.no_grad()
@@ -452,24 +420,9 @@ def test_bf16_autocast_forward_backward():
 
 
 def test_loss_goes_down_on_repeated_pattern():
-    seg, B, steps = 8, 4, 100
+    seg, steps = 8, 100
     model = make_model(dtype=torch.float32, n_embd=32, d_head=16, d_inner=64, seg_len=seg, mem_len=seg).train()
-    torch.manual_seed(0)
-    pattern = torch.randint(0, V, (13,))
-    stream = pattern.repeat(steps * seg // 13 + 3)
-    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    memory = model.init_memory(B, 'cpu')
-    losses = []
-    for step in range(steps):
-        x = data[:, step * seg:(step + 1) * seg]
-        y = data[:, step * seg + 1:(step + 1) * seg + 1]
-        _, loss, memory, aux = model(x, memory, targets=y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        assert torch.equal(aux['lm_loss'], loss.detach())
+    losses = train_on_repeated_pattern(model, steps, check_lm_loss=True)   # aux['lm_loss'] == loss at every step
     initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
     assert final < 0.5 * initial, (initial, final)
 

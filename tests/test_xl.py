@@ -12,10 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _model_tests import F64, V, assert_close, differs, run_segments, sinusoid, tokens, train_on_repeated_pattern
 from model_xl import Config, Memory, Model, rel_shift, sample_next
-
-V = 97   # vocab size of every test model
-F64 = torch.float64
 
 
 def make_model(dtype=F64, seed=0, **overrides):
@@ -42,28 +40,6 @@ def random_memory(model, batch_size, lengths, seed=123):
     return Memory(mem=mem.to(model.r_w_bias.dtype), length=torch.tensor(lengths, dtype=torch.long))
 
 
-def tokens(batch_size, length, seed=1):
-    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
-
-
-def run_segments(model, idx, memory, seg):
-    """Feed idx (B, T) to the model in consecutive pieces of seg tokens, carrying the memory.
-    Returns the logits of all T positions (B, T, V) and the final memory."""
-    logits = []
-    for start in range(0, idx.size(1), seg):
-        piece_logits, _, memory, _ = model(idx[:, start:start + seg], memory)
-        logits.append(piece_logits)
-    return torch.cat(logits, dim=1), memory
-
-
-def assert_close(a, b, atol=1e-6, rtol=1e-5):
-    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
-
-
-def differs(a, b, atol=1e-4):
-    return not torch.allclose(a, b, atol=atol, rtol=0)
-
-
 # -----------------------------------------------------------------------------------------------------------
 # 1. rel_shift against the naive gather
 
@@ -85,13 +61,6 @@ def test_rel_shift_equals_naive_gather(T, M):
 
 # -----------------------------------------------------------------------------------------------------------
 # 2. the whole relative attention against a slow loop
-
-
-def sinusoid(distance, n_embd):
-    """R_distance, computed on its own: [sin(d f_k) ; cos(d f_k)], f_k = 10000^(-2k/n_embd)."""
-    freqs = [10000.0 ** (-2.0 * k / n_embd) for k in range(n_embd // 2)]
-    return torch.tensor([math.sin(distance * f) for f in freqs] + [math.cos(distance * f) for f in freqs],
-                        dtype=F64)
 
 
 @torch.no_grad()
@@ -584,24 +553,9 @@ def test_bf16_autocast_forward_backward(use_sdpa):
 
 
 def test_loss_goes_down_on_repeated_pattern():
-    seg, B, steps = 8, 4, 150
+    seg, steps = 8, 150
     model = make_model(dtype=torch.float32, n_embd=32, d_head=16, d_inner=64, seg_len=seg, mem_len=seg).train()
-    torch.manual_seed(0)
-    pattern = torch.randint(0, V, (13,))
-    stream = pattern.repeat(steps * seg // 13 + 3)
-    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])   # B contiguous streams
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    memory = model.init_memory(B, 'cpu')
-    losses = []
-    for step in range(steps):
-        x = data[:, step * seg:(step + 1) * seg]
-        y = data[:, step * seg + 1:(step + 1) * seg + 1]
-        _, loss, memory, aux = model(x, memory, targets=y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-        assert torch.equal(aux['lm_loss'], loss.detach())
+    losses = train_on_repeated_pattern(model, steps, check_lm_loss=True)   # aux['lm_loss'] == loss at every step
     initial, final = sum(losses[:5]) / 5, sum(losses[-10:]) / 10
     assert final < 0.5 * initial, (initial, final)
 

@@ -1,0 +1,76 @@
+"""Helpers shared by the tests of the model files (tests/test_xl.py, test_lamemo.py, test_compressive.py,
+test_infini.py, test_infformer.py): token batches, segment-by-segment forwards carrying the memory, float
+comparisons, the sinusoid R written on its own, and the training loop of the loss-goes-down tests."""
+import math
+
+import torch
+
+V = 97   # vocab size of every test model
+F64 = torch.float64
+
+
+def tokens(batch_size, length, seed=1):
+    """Random token ids (batch_size, length) in [0, V), the same for the same seed."""
+    return torch.randint(0, V, (batch_size, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run_segments(model, idx, memory, lengths):
+    """Feed idx (B, T) in consecutive pieces of the given lengths (an int: all equal), carrying the memory.
+    Returns the logits of all T positions (B, T, V) and the final memory."""
+    if isinstance(lengths, int):
+        lengths = [lengths] * math.ceil(idx.size(1) / lengths)
+    logits, start = [], 0
+    for n in lengths:
+        piece_logits, _, memory, _ = model(idx[:, start:start + n], memory)
+        logits.append(piece_logits)
+        start += n
+    return torch.cat(logits, dim=1), memory
+
+
+def assert_close(a, b, atol=1e-6, rtol=1e-5):
+    """torch.testing.assert_close with the tolerances of these tests (~1e-6: the float32 softmax of the manual path)."""
+    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+
+
+def differs(a, b, atol=1e-4):
+    """Whether a and b differ by more than atol somewhere (no relative tolerance)."""
+    return not torch.allclose(a, b, atol=atol, rtol=0)
+
+
+def sinusoid(distance, n_embd):
+    """R_distance, computed on its own: [sin(d f_k) ; cos(d f_k)], f_k = 10000^(-2k/n_embd), in float64."""
+    freqs = [10000.0 ** (-2.0 * k / n_embd) for k in range(n_embd // 2)]
+    return torch.tensor([math.sin(distance * f) for f in freqs] + [math.cos(distance * f) for f in freqs],
+                        dtype=F64)
+
+
+def train_on_repeated_pattern(model, steps, batch_size=4, period=13, record='loss', check_lm_loss=False,
+                              detach_memory=False):
+    """AdamW (lr 3e-3) on B contiguous streams of one random period-`period` pattern, one model.config.seg_len
+    segment a step, carrying the memory; returns the per-step losses.
+    record: 'loss' (what is trained on) or 'lm_loss' (aux['lm_loss'], without auxiliary losses);
+    check_lm_loss: assert at every step that aux['lm_loss'] equals the loss;
+    detach_memory: detach every tensor of the memory after each step (a model whose memory keeps its graph)."""
+    if record not in ('loss', 'lm_loss'):
+        raise ValueError(f"record must be 'loss' or 'lm_loss', not {record!r}")
+    seg, B = model.config.seg_len, batch_size
+    torch.manual_seed(0)
+    pattern = torch.randint(0, V, (period,))
+    stream = pattern.repeat(steps * seg // period + 3)
+    data = torch.stack([stream[b * 3:b * 3 + steps * seg + 1] for b in range(B)])   # B contiguous streams
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    memory = model.init_memory(B, 'cpu')
+    losses = []
+    for step in range(steps):
+        x = data[:, step * seg:(step + 1) * seg]
+        y = data[:, step * seg + 1:(step + 1) * seg + 1]
+        _, loss, memory, aux = model(x, memory, targets=y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if detach_memory:
+            memory = type(memory)(**{k: v.detach() for k, v in vars(memory).items()})
+        losses.append((loss if record == 'loss' else aux['lm_loss']).item())
+        if check_lm_loss:
+            assert torch.equal(aux['lm_loss'], loss.detach())
+    return losses
