@@ -4,8 +4,8 @@ model contract (SPEC §1: model_<name>.py, Config(**fields), Model, init_memory,
 precision set-up (train.py's), timing helpers, and writing results.
 
 A variant is a dict in the format of tests/_models.py: 'model' names model_<model>.py, the rest are its Config
-fields. A variant whose model file, or one of whose Config fields, does not exist (yet) is skipped with a note
-rather than failing the whole benchmark; `--strict=True` makes that an error.
+fields. Every model of the repository is in the table, so a variant whose model file or Config field is missing is
+an error (a one-line message); `--strict=False` skips it with a note instead (a fork that removed a model).
 """
 
 import dataclasses
@@ -161,6 +161,16 @@ def parse(argv, config_cls):
     """--name=value flags (and config files) for a benchmark's dataclass, with train.py's parser and errors."""
     cfg, _, _, _ = train.parse_args(argv, train_cls=config_cls, allow_model_fields=False)
     return cfg
+
+
+def cli(argv, config_cls, run, table, size):
+    """A benchmark's command line: --flags into config_cls, the variants of table(cfg) named by --variants, then
+    run(cfg, specs, size(cfg), argv, skipped). Bad input is one line on stderr and exit status 2."""
+    def go(argv):
+        cfg = parse(argv, config_cls)
+        specs, skipped = select(table(cfg), cfg.variants, cfg.strict)
+        run(cfg, specs, size(cfg), argv, skipped)
+    train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 
 def write_json(path, payload, script, argv):

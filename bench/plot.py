@@ -152,14 +152,16 @@ def _row(cells):
 
 def table_speed(r):
     lines = []
+    if r.get('bf16_skipped'):
+        lines += [f"bf16 modes: {r['bf16_skipped']}", '']
     if r['train']:
         modes = list(next(iter(r['train'].values())))
-        lines += [_row(['variant'] + [f'train {m} tok/s (× baseline)' for m in modes] + ['compile+bf16 / eager']),
-                  _row(['---'] * (len(modes) + 2))]
+        vs_eager = [m for m in modes if m != 'eager' and 'eager' in modes]
+        lines += [_row(['variant'] + [f'train {m} tok/s (× baseline)' for m in modes]
+                       + [f'{m} / eager' for m in vs_eager]), _row(['---'] * (len(modes) + len(vs_eager) + 1))]
         for v, t in r['train'].items():
-            ratio = t['compile_bf16']['ratio_to_eager'] if 'compile_bf16' in t and 'eager' in t else None
             lines.append(_row([v] + [f"{t[m]['tokens_per_s']:,.0f} ({t[m].get('ratio_to_baseline', float('nan')):.2f})"
-                                     for m in modes] + [f'{ratio:.2f}' if ratio else '']))
+                                     for m in modes] + [f"{t[m]['ratio_to_eager']:.2f}" for m in vs_eager]))
     if r['eval']:
         modes = list(next(iter(r['eval'].values())))
         lines += ['', _row(['variant'] + [f'eval {m} tok/s (× baseline)' for m in modes]),

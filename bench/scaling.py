@@ -46,7 +46,7 @@ class ScalingConfig:
     steps: int = 5
     out: str = str(common.RESULTS / 'scaling.json')
     plot: bool = True              # write the plot (needs matplotlib)
-    strict: bool = False
+    strict: bool = True            # a missing model file or Config field is an error (False: skip it)
 
     def __post_init__(self):
         for name in ('batch_size', 'steps'):
@@ -201,15 +201,9 @@ def run(cfg, specs, size, argv=(), skipped=None):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-
-    def go(argv):
-        cfg = common.parse(argv, ScalingConfig)
-        table = {k: v for k, v in common.variant_table().items() if k in AXIS}
-        names = cfg.variants if cfg.variants != 'all' else ','.join(table)
-        specs, skipped = common.select(table, names, cfg.strict)
-        run(cfg, specs, common.CPU_SIZE, argv, skipped)
-    common.train.run_cli(go, argv)
+    common.cli(argv, ScalingConfig, run,
+               table=lambda cfg: {k: v for k, v in common.variant_table().items() if k in AXIS},
+               size=lambda cfg: common.CPU_SIZE)
 
 
 if __name__ == '__main__':

@@ -50,7 +50,8 @@ class SpeedConfig:
     profile: str = ''              # variants to profile (torch.profiler, one eager fp32 training step)
     out: str = str(common.RESULTS / 'speed.json')
     plot: bool = True              # write the plot (needs matplotlib)
-    strict: bool = False           # a missing model file or Config field is an error, not a skip
+    strict: bool = True            # a missing model file or Config field is an error (False: skip it)
+    force_bf16: bool = False       # time the bf16 modes even on a CPU without native bf16 matmuls (hours)
 
     def __post_init__(self):
         for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds'):
@@ -111,6 +112,8 @@ class Entry:
 
 def run_rounds(entries, step, warmup, steps, device_type, label):
     """Round-robin: every round runs one step of every entry; the first `warmup` rounds are not timed."""
+    if not entries:
+        return
     for r in range(warmup + steps):
         t_round = time.perf_counter()
         for e in entries:
@@ -238,6 +241,38 @@ def profile_step(entry, path):
     print(f"wrote {path}")
 
 
+def bf16_matmul_check(c, batch_size, device, device_type, reps=5):
+    """Seconds of one (B*T, d_model) @ (d_model, d_inner) matmul in float32 and in bfloat16. CPUs without native
+    bf16 (no AVX512-BF16 / AMX: oneDNN reports no bf16 support) fall back to a scalar kernel that is tens of times
+    slower than float32, which makes the bf16 modes meaningless there (and hours long at the matched size)."""
+    a = torch.randn(batch_size * c.seg_len, c.n_embd, device=device)
+    b = torch.randn(c.n_embd, c.d_inner, device=device)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        x @ y
+        with common.Timer(device_type) as t:
+            for _ in range(reps):
+                x @ y
+        out[str(dtype).split('.')[-1]] = t.seconds / reps
+    out['bf16_slowdown'] = out['bfloat16'] / out['float32']
+    if device_type == 'cpu':
+        out['onednn_bf16_supported'] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return out
+
+
+def drop_slow_bf16(cfg, modes, eval_modes, check):
+    """On a CPU whose bf16 matmuls are > 3x slower than float32, the bf16 modes are dropped (unless
+    --force_bf16=True) and the reason kept in the JSON."""
+    if cfg.force_bf16 or check['bf16_slowdown'] <= 3:
+        return modes, eval_modes, None
+    reason = (f"this device has no native bf16 matmul (one bf16 matmul took {check['bf16_slowdown']:.0f}x the "
+              f"float32 time): bf16 modes not timed (--force_bf16=True times them anyway)")
+    print(reason, flush=True)
+    keep = [m for m in MODES if MODES[m][1] == 'float32']
+    return [m for m in modes if m in keep], [m for m in eval_modes if m in keep], reason
+
+
 def run(cfg, specs, size, argv=(), skipped=None):
     device, device_type = common.setup(cfg.device)
     parts = cfg.parts.split(',')
@@ -250,6 +285,8 @@ def run(cfg, specs, size, argv=(), skipped=None):
         models[name] = (model, torch.compile(model) if any(MODES[m][0] for m in modes) else None,
                         make_optimizer(model, device_type))
     n_params = {name: sum(p.numel() for p in m.parameters()) for name, (m, _, _) in models.items()}
+    bf16_check = bf16_matmul_check(next(iter(models.values()))[0].config, cfg.batch_size, device, device_type)
+    modes, eval_modes, bf16_skipped = drop_slow_bf16(cfg, modes, eval_modes, bf16_check)
 
     def entries(mode_list):
         return [Entry(name, mode, m, c if MODES[mode][0] else m, opt, MODES[mode][1], device, device_type,
@@ -273,7 +310,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
     generation = bench_generation(specs, size, cfg, device, device_type) if 'generate' in parts else {}
 
     result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
-              'device': device, 'n_params': n_params,
+              'device': device, 'n_params': n_params, 'bf16_matmul': bf16_check, 'bf16_skipped': bf16_skipped,
               'train': train_result, 'eval': eval_result, 'generate': generation}
     result['targets'] = check_targets(result)
     common.write_json(cfg.out, result, 'bench/speed.py', argv)
@@ -323,14 +360,8 @@ def print_table(result):
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-
-    def go(argv):
-        cfg = common.parse(argv, SpeedConfig)
-        size, memory = common.SIZES[cfg.size]
-        specs, skipped = common.select(common.variant_table(**memory), cfg.variants, cfg.strict)
-        run(cfg, specs, size, argv, skipped)
-    common.train.run_cli(go, argv)
+    common.cli(argv, SpeedConfig, run, table=lambda cfg: common.variant_table(**common.SIZES[cfg.size][1]),
+               size=lambda cfg: common.SIZES[cfg.size][0])
 
 
 if __name__ == '__main__':

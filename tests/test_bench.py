@@ -36,25 +36,12 @@ TINY_VARIANTS = {
 }
 
 
-def present(name):
-    try:
-        common.build(TINY_VARIANTS[name])
-        return True
-    except common.Skip:
-        return False
-
-
 def has_matplotlib():
     try:
         plot._plt()
         return True
     except plot.NoMatplotlib:
         return False
-
-
-def variant_params(names):
-    return [pytest.param(n, marks=pytest.mark.skipif(not present(n), reason=f'{n} is not in the repository'))
-            for n in names]
 
 
 def test_tiny_table_covers_the_bench_table():
@@ -65,11 +52,23 @@ def test_tiny_table_covers_the_bench_table():
 # speed
 
 
-@pytest.mark.parametrize('variant', variant_params(TINY_VARIANTS))
+def test_a_missing_model_is_an_error_unless_strict_is_off():
+    table = {'baseline': TINY_VARIANTS['baseline'], 'gone': dict(model='nosuchmodel'),
+             'renamed': dict(TINY_VARIANTS['xl'], no_such_field=1)}
+    for name in ('gone', 'renamed'):
+        with pytest.raises(common.train.UserError, match=name):
+            common.select(table, ['baseline', name], strict=True)
+    specs, skipped = common.select(table, 'all', strict=False)
+    assert list(specs) == ['baseline'] and set(skipped) == {'gone', 'renamed'}
+    assert speed.SpeedConfig().strict and scaling.ScalingConfig().strict and recall.RecallConfig().strict
+
+
+@pytest.mark.parametrize('variant', list(TINY_VARIANTS))
 def test_speed_smoke(variant, tmp_path):
     names = ['baseline'] + ([variant] if variant != 'baseline' else [])
     cfg = speed.SpeedConfig(modes='eager,bf16', eval_modes='eager', batch_size=2, warmup=1, steps=1,
-                            gen_seg_len=8, gen_tokens=4, gen_rounds=1, out=str(tmp_path / 'speed.json'), plot=False)
+                            gen_seg_len=8, gen_tokens=4, gen_rounds=1, out=str(tmp_path / 'speed.json'), plot=False,
+                            force_bf16=True)      # this CPU may lack native bf16: time it anyway (tiny)
     speed.run(cfg, {n: TINY_VARIANTS[n] for n in names}, {})
     r = json.loads((tmp_path / 'speed.json').read_text())
     for n in names:
@@ -82,6 +81,16 @@ def test_speed_smoke(variant, tmp_path):
     plot.table([tmp_path / 'speed.json'])          # the README's markdown
     if variant == 'xl' and has_matplotlib():
         assert plot.plot_speed(tmp_path / 'speed.json', tmp_path / 'speed.png').stat().st_size > 1000
+
+
+def test_slow_bf16_modes_are_dropped_with_a_reason():
+    cfg = speed.SpeedConfig()
+    slow, fast = {'bf16_slowdown': 50.0}, {'bf16_slowdown': 0.5}
+    modes, eval_modes, reason = speed.drop_slow_bf16(cfg, list(speed.MODES), ['eager', 'bf16'], slow)
+    assert modes == ['eager', 'compile'] and eval_modes == ['eager'] and '50x' in reason
+    assert speed.drop_slow_bf16(cfg, list(speed.MODES), ['bf16'], fast) == (list(speed.MODES), ['bf16'], None)
+    forced = speed.SpeedConfig(force_bf16=True)
+    assert speed.drop_slow_bf16(forced, list(speed.MODES), [], slow)[0] == list(speed.MODES)
 
 
 def test_generate_recompute_crosses_segments():
@@ -100,7 +109,7 @@ def test_generate_recompute_crosses_segments():
 # scaling
 
 
-@pytest.mark.parametrize('variant', variant_params(scaling.AXIS))
+@pytest.mark.parametrize('variant', list(scaling.AXIS))
 def test_scaling_smoke(variant, tmp_path):
     cfg = scaling.ScalingConfig(batch_size=2, warmup=1, steps=1, mem_lens='8,16', cmem_lens='4,8',
                                 histories='16,48', out=str(tmp_path / 'scaling.json'), plot=False)
@@ -135,6 +144,7 @@ def test_passkey_eval_episode_puts_the_answer_at_the_end_of_a_segment():
         assert ask - key == depth
         assert list(body[key + 1:key + 6]) == list(targets[answer]) == list(body[ask + 1:ask + 6])
         assert (body == recall.KEY).sum() == 1 and (body == recall.ASK).sum() == 1
+        assert list(body[key + 1:key + 6] // 10) == [0, 1, 2, 3, 4]                 # place-tagged digits
 
 
 def test_passkey_training_mixes_in_segment_and_long_depths():
@@ -174,7 +184,7 @@ def test_task_data_streams_start_episodes_at_segment_boundaries(tmp_path):
         assert tokens.max() < json.loads((d / 'meta.json').read_text())['vocab_size']
 
 
-@pytest.mark.parametrize('variant', variant_params(TINY_VARIANTS))
+@pytest.mark.parametrize('variant', list(TINY_VARIANTS))
 def test_recall_smoke(variant, tmp_path):
     cfg = recall.RecallConfig(tokens=1024, batch_size=2, seg_len=32, mem_len=16, depths='16,40', lengths='16,40',
                               eval_episodes=2, out_dir=str(tmp_path / 'runs'), out=str(tmp_path / 'recall.json'),
