@@ -534,18 +534,29 @@ def _lse_dtype(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def rel_shift_future(x):
-    """The rel-shift of look-ahead scores (the authors' `_rel_shift_future`).
+def future_position_scores(q, r_k, W):
+    """The look-ahead positional scores (terms (b) + (d) with v+) of the memory queries against the W window keys.
 
-    In: x[..., i, c] = score of memory query i with the relative embedding of distance c + 1 (c = 0..M-1, keys on
-    the right). Out: y[..., i, j] = score of query i with the key at position j + 1 of [memory ; segment], whose
-    distance is j + 1 - i. Pad one zero column on the right, flatten the (M, M+1) block, keep its first M*M
-    entries, view as (M, M): y[i, j] = x[i, j - i]. Entries with j < i (keys at or left of the query) are garbage
-    and must be masked, as they always are.
+    q: (B, H, M, D) memory queries (+ v+); r_k: (H, M, D) W_{k,R} R for the distances 1..M (row c: distance c + 1).
+    Out: y[..., i, j] = q_i · r_k[M - W + j - i]: query i with the window key at position M - W + 1 + j of
+    [memory ; segment], distance M - W + 1 + j - i. Entries for keys at or left of the query (distance <= 0) are
+    garbage and must be masked, as they always are.
+    Scoring every query against every distance and rel-shifting (the authors' `_rel_shift_future`) costs O(M²)
+    time and memory, although only W distances per query are used. Here the queries go in blocks of W: a block
+    needs 2W - 1 consecutive distances, scored as a (W, 2W) product and skewed in place (the pad-and-view trick of
+    rel_shift), so time and memory are O(M W): linear in the memory length.
     """
-    B, H, M, _ = x.shape
-    x_padded = torch.cat([x, x.new_zeros(B, H, M, 1)], dim=-1)   # (B, H, M, M+1)
-    return x_padded.view(B, H, M * (M + 1))[:, :, :M * M].view(B, H, M, M)
+    B, H, M, D = q.shape
+    nb = -(-M // W)                                               # blocks of W queries
+    q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
+    # block a needs the distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW: zero-pad r_k so that
+    # every window is in range, take windows of 2W with stride W, and put block 0's (the last window) first
+    r = F.pad(r_k, (0, 0, (nb + 1) * W - M - 1, 1))               # (H, (nb + 1) W, D)
+    r = r.unfold(1, 2 * W, W).flip(1)                             # (H, nb, D, 2W)
+    s = torch.einsum('bhaid,hadc->bhaic', q, r)                   # (B, H, nb, W, 2W)
+    # y[i, j] = s[i, W - 1 - i + j]: in the flattened (W, 2W) block that is entry W - 1 + i (2W - 1) + j
+    s = s.flatten(-2)[..., W - 1:W - 1 + W * (2 * W - 1)].view(B, H, nb, W, 2 * W - 1)[..., :W]
+    return s.reshape(B, H, nb * W, W)[:, :, :M]                   # (B, H, M, W)
 
 
 def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
@@ -604,8 +615,7 @@ def _look_ahead(model, n, attn, mem, kv, r_future, mask):
     k, v = (t[:, :, M - W + 1:M + 1] for t in kv)                 # (B, H, W, D) the window
     r_k = attn.r_net(r_future).view(M, H, D).transpose(0, 1)     # (H, M, D)   W_{k,R} R_{1..M}
     AC = torch.einsum('bhid,bhjd->bhij', q + u[:, None], k)                        # (B, H, M, W)
-    BD = torch.einsum('bhid,hjd->bhij', q + v_future[:, None], r_k)                # (B, H, M, M), distance c+1
-    BD = rel_shift_future(BD)[..., M - W:]                                         # (B, H, M, W), key j
+    BD = future_position_scores(q + v_future[:, None], r_k, W)                     # (B, H, M, W), key j
     return _softmax_with_lse(attn, (AC + BD) * attn.scale, mask, v)
 
 
@@ -709,9 +719,10 @@ def lookahead_forward(model, idx, memory, targets=None):
 
 def lookahead_flops_per_segment(c, M):
     """Training FLOPs per segment that the look-ahead adds in every layer but the last: W_q, W_o and the
-    feed-forward over the M memory positions, W_{k,R} over the M future distances, and the look-ahead attention (M queries, W keys, 3 products)."""
+    feed-forward over the M memory positions, W_{k,R} over the M future distances, and the look-ahead attention
+    (M queries: W keys, 2W distances, W values)."""
     W, HD = min(c.seg_len, M), c.n_head * c.d_head
-    return 6 * (c.n_layer - 1) * (M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 3 * HD * M * W)
+    return 6 * (c.n_layer - 1) * (M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 4 * HD * M * W)
 
 
 @torch.no_grad()

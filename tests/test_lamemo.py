@@ -13,7 +13,7 @@ import torch
 
 import model_xl
 from _model_tests import F64, V, assert_close, differs, run_segments, sinusoid, tokens, train_on_repeated_pattern
-from model_xl import (Config, LookAheadMemory, Memory, Model, lookahead_layers, lookahead_merge, rel_shift_future,
+from model_xl import (Config, LookAheadMemory, Memory, Model, future_position_scores, lookahead_layers, lookahead_merge,
                       sample_next)
 
 
@@ -39,16 +39,24 @@ def xl_twin(model):
 # 1. the pieces against naive references
 
 
-@pytest.mark.parametrize('M', [1, 2, 5, 8])
-def test_rel_shift_future_equals_naive_gather(M):
-    """y[i, j] = score of query i with the key at position j + 1, distance j + 1 - i, for every key on its right."""
-    x = torch.randn(2, 3, M, M, generator=torch.Generator().manual_seed(M))
-    y = rel_shift_future(x)
-    assert y.shape == x.shape
+@pytest.mark.parametrize('M,W', [(1, 1), (2, 2), (5, 3), (8, 8), (8, 3), (9, 4), (12, 4), (7, 2)])
+def test_future_position_scores_equal_naive_dot_products(M, W):
+    """y[i, j] = q_i · r_k[distance - 1] with the window key at position M - W + 1 + j, for every key on the
+    query's right, in float64; the blockwise skew is checked for M a multiple of W and not."""
+    g = torch.Generator().manual_seed(M * 10 + W)
+    q = torch.randn(2, 3, M, 4, generator=g, dtype=F64)
+    r_k = torch.randn(3, M, 4, generator=g, dtype=F64)
+    y = future_position_scores(q, r_k, W)
+    assert y.shape == (2, 3, M, W)
+    checked = 0
     for i in range(M):
-        for j in range(i, M):                          # keys at positions i+1 .. M
-            distance = j + 1 - i
-            assert torch.equal(y[..., i, j], x[..., i, distance - 1]), (i, j)
+        for j in range(W):
+            distance = (M - W + 1 + j) - i
+            if distance >= 1:                          # keys at or left of the query are masked: not checked
+                torch.testing.assert_close(y[..., i, j], (q[..., i, :] * r_k[:, distance - 1]).sum(-1),
+                                           rtol=0, atol=1e-12)
+                checked += 1
+    assert checked == sum(min(W, M - i) for i in range(M))
 
 
 def naive_softmax_attention(scores, values):
