@@ -3,7 +3,7 @@ Pictures from the benchmarks' JSON and from train.py's log.jsonl files. matplotl
 bench/ only (`pip install matplotlib`).
 
     python bench/plot.py loss out-xl/log.jsonl out-mem0/log.jsonl --out=bench/results/loss.png
-    python bench/plot.py speed bench/results/speed.json          # -> bench/results/speed.png
+    python bench/plot.py speed bench/results/speed.json bench/results/speed_generate.json   # -> .../speed.png
     python bench/plot.py scaling bench/results/scaling.json
     python bench/plot.py recall bench/results/recall.json
     python bench/plot.py table bench/results/speed.json bench/results/recall.json   # markdown for the README
@@ -64,34 +64,41 @@ def plot_loss(logs, out, labels=None):
     return _save(fig, out)
 
 
-def plot_speed(path, out):
-    """Training tokens/s per variant and mode, as a ratio to the no-memory baseline of the same mode; and
-    generation tokens/s with the cache vs recomputing the window."""
+def plot_speed(paths, out):
+    """Training tokens/s per variant and mode; generation tokens/s with the cache vs recomputing the window. paths:
+    one speed.py JSON or several (e.g. a training run and a generation run), drawn in one figure."""
     plt = _plt()
-    r = json.loads(Path(path).read_text())
-    variants = list(r['train'])
-    modes = list(next(iter(r['train'].values()))) if variants else []
-    gen = r.get('generate', {})
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    width = 0.8 / max(1, len(modes))
-    for i, mode in enumerate(modes):
-        ys = [r['train'][v][mode]['tokens_per_s'] for v in variants]
-        ax1.bar([j + i * width for j in range(len(variants))], ys, width, label=mode)
-    ax1.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(variants))])
-    ax1.set_xticklabels(variants, rotation=30, ha='right')
-    ax1.set_ylabel('training tokens/s')
-    ax1.set_title(f"training, batch {r['config']['batch_size']} ({r['device']})")
-    ax1.legend(fontsize=8)
-    gv = list(gen)
-    ax2.bar([j - 0.2 for j in range(len(gv))], [gen[v]['cached_tokens_per_s'] for v in gv], 0.4, label='KV cache')
-    ax2.bar([j + 0.2 for j in range(len(gv))], [gen[v]['recompute_tokens_per_s'] for v in gv], 0.4,
-            label='recompute window')
-    ax2.set_yscale('log')
-    ax2.set_xticks(range(len(gv)))
-    ax2.set_xticklabels(gv, rotation=30, ha='right')
-    ax2.set_ylabel('generated tokens/s (log)')
-    ax2.set_title(f"generation, seg {r['config']['gen_seg_len']}, batch 1")
-    ax2.legend(fontsize=8)
+    rs = [json.loads(Path(p).read_text()) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    train = {v: t for r in rs for v, t in r['train'].items()}
+    gen = {v: g for r in rs for v, g in r.get('generate', {}).items()}
+    panels = [k for k, d in (('train', train), ('generate', gen)) if d]
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6 * max(1, len(panels)), 4.5), squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    if 'train' in axes:
+        ax, variants = axes['train'], list(train)
+        modes = list(next(iter(train.values())))
+        width = 0.8 / len(modes)
+        for i, mode in enumerate(modes):
+            ys = [train[v][mode]['tokens_per_s'] if mode in train[v] else 0 for v in variants]
+            ax.bar([j + i * width for j in range(len(variants))], ys, width, label=mode)
+        ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(variants))])
+        ax.set_xticklabels(variants, rotation=30, ha='right')
+        ax.set_ylabel('training tokens/s')
+        r = next(r for r in rs if r['train'])
+        ax.set_title(f"training, batch {r['config']['batch_size']} ({r['device']})")
+        ax.legend(fontsize=8)
+    if 'generate' in axes:
+        ax, gv = axes['generate'], list(gen)
+        ax.bar([j - 0.2 for j in range(len(gv))], [gen[v]['cached_tokens_per_s'] for v in gv], 0.4, label='KV cache')
+        ax.bar([j + 0.2 for j in range(len(gv))], [gen[v]['recompute_tokens_per_s'] for v in gv], 0.4,
+               label='recompute window')
+        ax.set_yscale('log')
+        ax.set_xticks(range(len(gv)))
+        ax.set_xticklabels(gv, rotation=30, ha='right')
+        ax.set_ylabel('generated tokens/s (log)')
+        r = next(r for r in rs if r.get('generate'))
+        ax.set_title(f"generation, seg {r['config']['gen_seg_len']}, batch 1 ({r['device']})")
+        ax.legend(fontsize=8)
     return _save(fig, out)
 
 
@@ -231,7 +238,9 @@ def main(argv=None):
         if kind == 'loss':
             plot_loss(paths, outs[0] if outs else 'bench/results/loss.png')
         else:
-            fn = {'speed': plot_speed, 'scaling': plot_scaling, 'recall': plot_recall}[kind]
+            if kind == 'speed':                  # several JSONs (training, generation): one figure
+                return plot_speed(paths, outs[0] if outs else Path(paths[0]).with_suffix('.png'))
+            fn = {'scaling': plot_scaling, 'recall': plot_recall}[kind]
             for p in paths:
                 fn(p, outs[0] if outs else Path(p).with_suffix('.png'))
     except NoMatplotlib as e:
