@@ -208,7 +208,7 @@ def table_recall(r):
             run = t['runs'][v]
             loss = run['final'].get('train/loss', float('nan'))
             lines.append(_row([v] + [f"{acc[c]:.2f} ({empty[c]:.2f})" for c in cols]
-                              + [f"{loss:.3f}", f"{run['train_seconds']:.0f} s"]))
+                              + [f"{loss:.3f}", f"{run['train_seconds']:.0f} s" if 'train_seconds' in run else '']))
         for name, ref in t.get('window_reference', {}).items():
             lines.append(_row([f'counts of the last {name}'] + [f"{ref[c]:.2f}" for c in cols] + ['', '']))
         lines.append('')

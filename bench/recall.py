@@ -72,7 +72,7 @@ class RecallConfig:
     warmup_iters: int = 100
     min_lr: float = 3e-3           # the cosine schedule's floor (= learning_rate: constant after warm-up)
     grad_clip: float = 1.0
-    depths: str = '32,96,192,384,768,1024'   # passkey depths evaluated (W = 128 at the recall size)
+    depths: str = '32,96,160,192,384,768,1024'   # passkey depths evaluated (W = 128 at the recall size)
     max_depth_factor: float = 8.0  # passkey training depths up to this many windows
     lengths: str = '32,1024,2048,4096'       # sorting lengths evaluated (32: sequence and answer in one segment)
     eval_episodes: int = 64        # per depth / length
@@ -80,6 +80,9 @@ class RecallConfig:
     out: str = str(common.RESULTS / 'recall.json')
     seed: int = 1337
     plot: bool = True              # write the plot (needs matplotlib)
+    overrides: str = ''            # model Config fields for every variant, e.g. gate_lr_mult=1 (an ablation)
+    rescore: bool = False          # no training: score the checkpoints under out_dir (an earlier run with the same
+                                   # flags) at --depths / --lengths; training records come from the JSON at --out
     strict: bool = True            # a missing model file or Config field is an error (False: skip it)
     seg_len: int = RECALL_SIZE['seg_len']
     mem_len: int = RECALL_MEMORY['mem_len']
@@ -93,6 +96,8 @@ class RecallConfig:
         for t in self.tasks.split(','):
             if t not in ('passkey', 'sorting'):
                 raise ValueError(f"unknown task {t!r}; known: passkey, sorting")
+        if any('=' not in item for item in self.overrides.split(',') if item):
+            raise ValueError(f"overrides must be field=value,..., got {self.overrides!r}")
         if not 0 <= self.inside_fraction <= 1:
             raise ValueError(f"inside_fraction must be in [0, 1], got {self.inside_fraction}")
         if self.seg_len < 32:
@@ -237,6 +242,11 @@ def model_fields(spec, size, cfg):
     for f in common.ZERO_FIELDS:
         if f in known:
             fields.setdefault(f, 0.0)
+    for item in [i for i in cfg.overrides.split(',') if i]:
+        key, _, value = item.partition('=')
+        if key not in known:
+            raise common.train.UserError(f"--overrides: model_{name}.py's Config has no field {key!r}")
+        fields[key] = value                                   # a string, parsed by train.py as its flags are
     return name, fields
 
 
@@ -316,10 +326,14 @@ def run(cfg, specs, size, argv=(), skipped=None):
     W = cfg.seg_len + cfg.mem_len
     result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
               'device': device, 'window': W, 'tasks': {}}
+    previous = json.loads(Path(cfg.out).read_text()) if cfg.rescore and Path(cfg.out).exists() else {}
+    if previous:
+        result['trained_by'] = previous.get('trained_by', previous.get('command'))
     for task in [t for t in cfg.tasks.split(',') if t]:
         n_segments = max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len))
-        data_dir = write_task_data(task, Path(cfg.out_dir) / f'data-{task}', cfg, cfg.batch_size, n_segments,
-                                   cfg.seed)
+        if not cfg.rescore:
+            data_dir = write_task_data(task, Path(cfg.out_dir) / f'data-{task}', cfg, cfg.batch_size, n_segments,
+                                       cfg.seed)
         cols = eval_columns(task, cfg)
         t = {'columns': cols, 'accuracy': {}, 'exact': {}, 'accuracy_memory_emptied': {}, 'runs': {},
              'column_label': 'depth (tokens from KEY to ASK)' if task == 'passkey' else 'sequence length',
@@ -331,14 +345,20 @@ def run(cfg, specs, size, argv=(), skipped=None):
                                      for w in (cfg.seg_len, W)}
         for variant, spec in specs.items():
             out_dir = Path(cfg.out_dir) / task / variant
-            argv_train, seconds, steps = train_variant(task, variant, spec, size, cfg, data_dir, out_dir)
+            if cfg.rescore:
+                if not (out_dir / 'ckpt.pt').exists():
+                    raise common.train.UserError(f"--rescore=True: no checkpoint at {out_dir / 'ckpt.pt'}; "
+                                                 "train first (the same command without --rescore)")
+                t['runs'][variant] = (previous.get('tasks', {}).get(task, {}).get('runs', {}).get(variant)
+                                      or {'final': final_aux(out_dir)})
+            else:
+                argv_train, seconds, steps = train_variant(task, variant, spec, size, cfg, data_dir, out_dir)
+                t['runs'][variant] = {'train_argv': argv_train, 'train_seconds': seconds, 'steps': steps,
+                                      'final': final_aux(out_dir)}
             acc, exact, acc_reset = evaluate_variant(task, out_dir, cfg, device, device_type)
             t['accuracy'][variant], t['exact'][variant], t['accuracy_memory_emptied'][variant] = acc, exact, acc_reset
-            t['runs'][variant] = {'train_argv': argv_train, 'train_seconds': seconds, 'steps': steps,
-                                  'final': final_aux(out_dir)}
             print(f"{task} {variant}: " + ', '.join(f'{c}: {a:.2f}' for c, a in acc.items())
-                  + f"  (memory emptied: {', '.join(f'{a:.2f}' for a in acc_reset.values())}; {seconds:.0f} s)",
-                  flush=True)
+                  + f"  (memory emptied: {', '.join(f'{a:.2f}' for a in acc_reset.values())})", flush=True)
         result['tasks'][task] = t
         common.write_json(cfg.out, result, 'bench/recall.py', argv)   # after every task: partial results survive
     if not cfg.plot:

@@ -288,7 +288,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
     bf16_check = bf16_matmul_check(next(iter(models.values()))[0].config, cfg.batch_size, device, device_type)
     modes, eval_modes, bf16_skipped = drop_slow_bf16(cfg, modes, eval_modes, bf16_check)
 
-    def entries(mode_list):
+    def entries(mode_list, models=models):
         return [Entry(name, mode, m, c if MODES[mode][0] else m, opt, MODES[mode][1], device, device_type,
                       cfg.batch_size) for mode in mode_list for name, (m, c, opt) in models.items()]
 

@@ -5,6 +5,7 @@ they claim, recomputing the window gives the cached generation's tokens, a Infin
 with the history, and a model without memory scores the same with its memory emptied.
 """
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -159,6 +160,16 @@ def test_passkey_training_mixes_in_segment_and_long_depths():
     assert 70 < inside < 130
 
 
+def test_overrides_set_a_config_field_of_the_variants_that_have_it():
+    cfg = recall.RecallConfig(overrides='gate_lr_mult=1,gate_init=-2')
+    _, fields = recall.model_fields(TINY_VARIANTS['infini_linear'], {}, cfg)
+    assert fields['gate_lr_mult'] == '1' and fields['gate_init'] == '-2'
+    with pytest.raises(common.train.UserError, match='gate_lr_mult'):
+        recall.model_fields(TINY_VARIANTS['xl'], {}, cfg)
+    with pytest.raises(ValueError, match='field=value'):
+        recall.RecallConfig(overrides='gate_lr_mult')
+
+
 def test_sorting_answer_is_decreasing_frequency():
     rng = np.random.default_rng(0)
     body, targets = recall.sorting_episode(rng, 500)
@@ -202,6 +213,18 @@ def test_recall_smoke(variant, tmp_path):
     plot.table([tmp_path / 'recall.json'])
     if variant == 'xl' and has_matplotlib():
         assert plot.plot_recall(tmp_path / 'recall.json', tmp_path / 'recall.png').stat().st_size > 1000
+    if variant == 'xl':                             # --rescore: the same checkpoints at other depths, no training
+        before = (tmp_path / 'runs' / 'passkey' / variant / 'ckpt.pt').stat().st_mtime_ns
+        recall.run(dataclasses.replace(cfg, rescore=True, depths='16,24,40', tasks='passkey'),
+                   {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
+        again = json.loads((tmp_path / 'recall.json').read_text())['tasks']['passkey']
+        assert (tmp_path / 'runs' / 'passkey' / variant / 'ckpt.pt').stat().st_mtime_ns == before
+        assert set(again['accuracy'][variant]) == {'16', '24', '40'}
+        assert again['accuracy'][variant]['40'] == r['tasks']['passkey']['accuracy'][variant]['40']
+        assert again['runs'][variant] == r['tasks']['passkey']['runs'][variant]
+        with pytest.raises(common.train.UserError, match='no checkpoint'):
+            recall.run(dataclasses.replace(cfg, rescore=True, out_dir=str(tmp_path / 'none')),
+                       {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
 
 
 # -----------------------------------------------------------------------------------------------------------
