@@ -22,58 +22,72 @@ import common  # noqa: E402
 import recall  # noqa: E402
 
 
-def infini_key_share(model, body, key_pos, T):
-    """Run the episode segment by segment; at the ASK position (the answer's first query) return, per layer and
-    head, the normalised linear-attention weight on the key's digit tokens among all tokens in memory."""
+def memory_read_weights(model, body, T, position):
+    """Run the episode `body` (tokens, a multiple of T long) segment by segment through a linear-update Infini
+    model; for the query at `position` (in the last segment) return, per layer n, the normalised weights
+    w (H, S) = σ(q)·σ(k_j) / Σ_j σ(q)·σ(k_j) over the S tokens in memory, their values v (H, S, D), and the memory
+    (M, z) the layer read: Σ_j w_j v_j is the layer's A_mem for that query (Eqs. 7-8)."""
     import model_infini as mi
     inputs = {}
     hooks = [layer.attn.register_forward_hook(lambda m, a, o, n=n: inputs.__setitem__(n, a[0]))
              for n, layer in enumerate(model.layers)]
     x = torch.as_tensor(body[None])
-    memory, keys = model.init_memory(1, 'cpu'), {n: [] for n in range(len(model.layers))}
-    ask = len(body) - 6                                           # the ASK token (its query predicts digit 1)
-    with torch.no_grad():
-        for start in range(0, len(body), T):
-            _, _, next_memory, _ = model(x[:, start:start + T], memory)
-            for n, layer in enumerate(model.layers):
-                attn = layer.attn
-                h = inputs[n]
-                h = attn.layer_norm(h) if attn.pre_lnorm else h
-                q, k, _ = attn.qkv_net(h).view(1, h.size(1), 3, attn.n_head, attn.d_head).permute(2, 0, 3, 1, 4)
-                if start + T >= len(body):                        # the last segment: the ASK query
-                    past = torch.cat(keys[n], dim=2)              # (1, H, S, D) keys written to memory
-                    w = (mi.sigma(q[:, :, ask - start])[:, :, None, :] * mi.sigma(past)).sum(-1)   # (1, H, S)
-                    w = w / w.sum(-1, keepdim=True)
-                    share = w[0, :, key_pos + 1:key_pos + 6].sum(-1)
-                    yield n, attn.gate(), share, 5 / past.size(2)
-                keys[n].append(k)
-            memory = next_memory
-    for hk in hooks:
-        hk.remove()
+    memory, past = model.init_memory(1, 'cpu'), {n: [] for n in range(len(model.layers))}
+    out = {}
+    try:
+        with torch.no_grad():
+            for start in range(0, len(body), T):
+                _, _, next_memory, _ = model(x[:, start:start + T], memory)
+                for n, layer in enumerate(model.layers):
+                    attn = layer.attn
+                    h = attn.layer_norm(inputs[n]) if attn.pre_lnorm else inputs[n]
+                    q, k, v = attn.qkv_net(h).view(1, h.size(1), 3, attn.n_head, attn.d_head).permute(2, 0, 3, 1, 4)
+                    if start + T >= len(body):                    # the last segment: the query at `position`
+                        keys = torch.cat([kv[0] for kv in past[n]], dim=2)[0]         # (H, S, D)
+                        values = torch.cat([kv[1] for kv in past[n]], dim=2)[0]       # (H, S, D)
+                        w = (mi.sigma(q[0, :, position - start])[:, None, :] * mi.sigma(keys)).sum(-1)   # (H, S)
+                        out[n] = (w / w.sum(-1, keepdim=True), values, memory.M[n], memory.z[n])
+                    past[n].append((k, v))
+                memory = next_memory
+    finally:
+        for hk in hooks:
+            hk.remove()
+    return out
+
+
+def key_share(model, depth, n_episodes=32, seed=0):
+    """Mean share of the ASK query's memory read on the key's 5 digits, per layer (H,), and the uniform share."""
+    rng = np.random.default_rng(seed)
+    T, shares = model.config.seg_len, {}
+    for _ in range(n_episodes):
+        body, _ = recall.passkey_eval_episode(rng, depth, T)
+        key = int(np.flatnonzero(body == recall.KEY)[0])
+        for n, (w, _, _, _) in memory_read_weights(model, body, T, len(body) - 6).items():   # the ASK token
+            shares.setdefault(n, []).append(w[:, key + 1:key + 6].sum(-1))
+            uniform = 5 / w.size(-1)
+    return {n: torch.stack(s).mean(0) for n, s in shares.items()}, uniform
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    out_dir = Path(argv[0])
-    depths = [int(d) for a in argv[1:] if a.startswith('--depths=') for d in a.split('=', 1)[1].split(',')] or [96]
-    ckpt = common.train.load_checkpoint(out_dir / 'ckpt.pt', 'cpu')
-    _, _, model = common.train.model_from_checkpoint(ckpt, out_dir)
-    model.eval()
-    c = model.config
-    if type(model).__module__ != 'model_infini' or c.memory_update != 'linear':
-        raise SystemExit("error: only Infini-attention with memory_update=linear is decomposed here")
-    for depth in depths:
-        rng = np.random.default_rng(depth)
-        shares = {}
-        for _ in range(32):
-            body, _ = recall.passkey_eval_episode(rng, depth, c.seg_len)
-            key_pos = int(np.flatnonzero(body == recall.KEY)[0])
-            for n, gate, share, uniform in infini_key_share(model, body, key_pos, c.seg_len):
-                shares.setdefault(n, []).append(share)
-        for n, s in shares.items():
-            s = torch.stack(s).mean(0)
-            print(f"depth {depth} layer {n}: gate σ(β) {', '.join(f'{g:.2f}' for g in model.layers[n].attn.gate())}"
-                  f" | weight on the key digits {', '.join(f'{v:.3f}' for v in s)} (uniform {uniform:.3f})")
+
+    def go(argv):
+        if not argv or argv[0].startswith('--'):
+            raise common.train.UserError("usage: python bench/diagnose.py OUT_DIR [--depths=96,384]")
+        out_dir = Path(argv[0])
+        depths = [int(d) for a in argv[1:] if a.startswith('--depths=') for d in a.split('=', 1)[1].split(',')]
+        ckpt = common.train.load_checkpoint(out_dir / 'ckpt.pt', 'cpu')
+        _, _, model = common.train.model_from_checkpoint(ckpt, out_dir)
+        model.eval()
+        if type(model).__module__ != 'model_infini' or model.config.memory_update != 'linear':
+            raise common.train.UserError("only Infini-attention with memory_update=linear is decomposed here")
+        for depth in depths or [96]:
+            shares, uniform = key_share(model, depth, seed=depth)
+            for n, share in shares.items():
+                gates = ', '.join(f'{g:.2f}' for g in model.layers[n].attn.gate())
+                print(f"depth {depth} layer {n}: gate σ(β) {gates} | weight on the key digits "
+                      f"{', '.join(f'{v:.3f}' for v in share)} (uniform {uniform:.3f})")
+    common.train.run_cli(go, argv)
 
 
 if __name__ == '__main__':

@@ -28,9 +28,10 @@ lengths up to the longest evaluated (sorting): there the same skill has to be do
 at segment boundaries and `--reset_at_doc=True` empties the memory at each, so the only key in memory is the
 episode's own. The baseline must solve the in-segment cases (the first column): if it does not, the other columns
 measure nothing. The retrieval skill appears only after a plateau (every digit predicted uniformly) whose length
-varies from model to model: with half the episodes inside and a decaying learning rate, some models left it within
-the budget and others did not, even inside one segment, which made the table a lottery. Hence the defaults: 9 in
-10 episodes inside, a constant learning rate of 3e-3 after warm-up, 4M tokens.
+varies from model to model and seed to seed: with fewer episodes inside and a decaying learning rate, some models
+left it within the budget and others did not, even inside one segment. The defaults (9 in 10 episodes inside, a
+constant learning rate of 3e-3 after warm-up, 4M tokens) make leaving it likelier, not certain: read each memory
+column against the same model's first column, and run a second --seed (bench/README.md).
 """
 
 import dataclasses

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'bench'))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
+import diagnose  # noqa: E402
 import plot  # noqa: E402
 import recall  # noqa: E402
 import scaling  # noqa: E402
@@ -225,6 +227,41 @@ def test_recall_smoke(variant, tmp_path):
         with pytest.raises(common.train.UserError, match='no checkpoint'):
             recall.run(dataclasses.replace(cfg, rescore=True, out_dir=str(tmp_path / 'none')),
                        {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
+
+
+def test_diagnose_weights_reproduce_the_infini_memory_read():
+    """Σ_j w_j v_j over the tokens in memory, with diagnose's weights, is the model's own A_mem (Eq. 7) for the ASK
+    query, at every layer; the weights are a distribution; the key's share is a number in [0, 1]."""
+    import model_infini
+    model, c = common.build(dict(TINY_VARIANTS['infini_linear'], seg_len=32))
+    model.eval()
+    body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 40, c.seg_len)   # 2 segments: 1 in memory
+    body = body % c.vocab_size
+    ask = len(body) - 6
+    reads = diagnose.memory_read_weights(model, body, c.seg_len, ask)
+    assert set(reads) == set(range(c.n_layer))
+    for n, (w, v, M, z) in reads.items():
+        assert w.shape == (c.n_head, c.seg_len) and torch.allclose(w.sum(-1), torch.ones(c.n_head))
+        h = {}
+        hook = model.layers[n].attn.register_forward_hook(lambda m, a, o: h.__setitem__('x', a[0]))
+        with torch.no_grad():
+            _, _, memory, _ = model(torch.as_tensor(body[None, :c.seg_len]), model.init_memory(1, 'cpu'))
+            model(torch.as_tensor(body[None, c.seg_len:]), memory)          # h['x']: this segment's layer input
+        hook.remove()
+        attn = model.layers[n].attn
+        x = attn.layer_norm(h['x']) if attn.pre_lnorm else h['x']
+        q = attn.qkv_net(x).view(1, c.seg_len, 3, c.n_head, c.d_head)[0, ask - c.seg_len, 0]      # (H, D)
+        a_mem = model_infini.memory_retrieve(model_infini.sigma(q)[None, :, None], M, z,
+                                             torch.ones(1, 1, 1, 1, dtype=torch.bool))[0, :, 0]   # (H, D)
+        torch.testing.assert_close((w[..., None] * v).sum(1), a_mem, atol=1e-5, rtol=1e-4)
+    shares, uniform = diagnose.key_share(model, 40, n_episodes=2)
+    assert uniform == 5 / 32 and all(((s >= 0) & (s <= 1)).all() for s in shares.values())
+
+
+def test_diagnose_rejects_other_models_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        diagnose.main([])
+    assert e.value.code == 2 and 'usage' in capsys.readouterr().err
 
 
 # -----------------------------------------------------------------------------------------------------------
