@@ -543,20 +543,24 @@ def future_position_scores(q, r_k, W):
     garbage and must be masked, as they always are.
     Scoring every query against every distance and rel-shifting (the authors' `_rel_shift_future`) costs O(M²)
     time and memory, although only W distances per query are used. Here the queries go in blocks of W: a block
-    needs 2W - 1 consecutive distances, scored as a (W, 2W) product and skewed in place (the pad-and-view trick of
-    rel_shift), so time and memory are O(M W): linear in the memory length.
+    needs 2W - 1 consecutive distances, scored as one (W, 2W) product, from which each row takes its W: O(M W),
+    linear in the memory length. (Plain index_select and gather: a strided-view version of the same skew made
+    inductor's multithreaded CPU backward abort.)
     """
     B, H, M, D = q.shape
     nb = -(-M // W)                                               # blocks of W queries
     q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
-    # block a needs the distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW: zero-pad r_k so that
-    # every window is in range, take windows of 2W with stride W, and put block 0's (the last window) first
-    r = F.pad(r_k, (0, 0, (nb + 1) * W - M - 1, 1))               # (H, (nb + 1) W, D)
-    r = r.unfold(1, 2 * W, W).flip(1)                             # (H, nb, D, 2W)
-    s = torch.einsum('bhaid,hadc->bhaic', q, r)                   # (B, H, nb, W, 2W)
-    # y[i, j] = s[i, W - 1 - i + j]: in the flattened (W, 2W) block that is entry W - 1 + i (2W - 1) + j
-    s = s.flatten(-2)[..., W - 1:W - 1 + W * (2 * W - 1)].view(B, H, nb, W, 2 * W - 1)[..., :W]
-    return s.reshape(B, H, nb * W, W)[:, :, :M]                   # (B, H, M, W)
+    # block a needs the distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW; rows outside 0..M-1
+    # only ever meet masked entries and read zeros
+    pad = (nb + 1) * W - M - 1                                    # zero rows before row 0
+    r = F.pad(r_k, (0, 0, pad, 1))                                # (H, pad + M + 1, D)
+    first = pad + M - 2 * W + 1 - W * torch.arange(nb, device=q.device)           # (nb,) c0(a) in r's rows
+    rows = first[:, None] + torch.arange(2 * W, device=q.device)                   # (nb, 2W)
+    r = r.index_select(1, rows.flatten()).view(H, nb, 2 * W, D)   # (H, nb, 2W, D)
+    s = torch.einsum('bhaid,hacd->bhaic', q, r)                   # (B, H, nb, W, 2W)
+    i = torch.arange(W, device=q.device)
+    take = (W - 1 - i[:, None] + i[None, :]).expand(B, H, nb, W, W)                # y[i, j] = s[i, W - 1 - i + j]
+    return s.gather(-1, take).reshape(B, H, nb * W, W)[:, :, :M]  # (B, H, M, W)
 
 
 def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
