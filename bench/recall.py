@@ -331,8 +331,8 @@ def run(cfg, specs, size, argv=(), skipped=None):
     if previous:
         result['trained_by'] = previous.get('trained_by', previous.get('command'))
     for task in [t for t in cfg.tasks.split(',') if t]:
-        n_segments = max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len))
         if not cfg.rescore:
+            n_segments = max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len))
             data_dir = write_task_data(task, Path(cfg.out_dir) / f'data-{task}', cfg, cfg.batch_size, n_segments,
                                        cfg.seed)
         cols = eval_columns(task, cfg)

@@ -285,8 +285,11 @@ def run(cfg, specs, size, argv=(), skipped=None):
         models[name] = (model, torch.compile(model) if any(MODES[m][0] for m in modes) else None,
                         make_optimizer(model, device_type))
     n_params = {name: sum(p.numel() for p in m.parameters()) for name, (m, _, _) in models.items()}
-    bf16_check = bf16_matmul_check(next(iter(models.values()))[0].config, cfg.batch_size, device, device_type)
-    modes, eval_modes, bf16_skipped = drop_slow_bf16(cfg, modes, eval_modes, bf16_check)
+    bf16_check, bf16_skipped = None, None
+    if any(MODES[m][1] == 'bfloat16' for m in modes + eval_modes):       # only when a bf16 mode is asked for
+        config = next(iter(models.values()))[0].config
+        bf16_check = bf16_matmul_check(config, cfg.batch_size, device, device_type)
+        modes, eval_modes, bf16_skipped = drop_slow_bf16(cfg, modes, eval_modes, bf16_check)
 
     def entries(mode_list, models=models):
         return [Entry(name, mode, m, c if MODES[mode][0] else m, opt, MODES[mode][1], device, device_type,

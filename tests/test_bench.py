@@ -80,6 +80,7 @@ def test_speed_smoke(variant, tmp_path):
         # recomputing the window through forward() picks the cached generate()'s greedy tokens
         assert r['generate'][n]['same_greedy_tokens'], n
     assert r['train']['baseline']['eager']['ratio_to_baseline'] == 1.0
+    assert r['bf16_matmul']['bf16_slowdown'] > 0 and r['bf16_skipped'] is None     # measured; forced: not dropped
     assert 'command' in r and 'date' in r
     plot.table([tmp_path / 'speed.json'])          # the README's markdown
     if variant == 'xl' and has_matplotlib():
@@ -235,6 +236,9 @@ def test_diagnose_weights_reproduce_the_infini_memory_read():
     import model_infini
     model, c = common.build(dict(TINY_VARIANTS['infini_linear'], seg_len=32))
     model.eval()
+    with torch.no_grad():            # keys far from 0, where σ = ELU + 1 is not linear (init keys are ~0.02)
+        for layer in model.layers:
+            layer.attn.qkv_net.weight.mul_(50)
     body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 40, c.seg_len)   # 2 segments: 1 in memory
     body = body % c.vocab_size
     ask = len(body) - 6
