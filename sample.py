@@ -6,6 +6,10 @@ Sample from a trained nanomem checkpoint (any model), with the prompt fed throug
 
 A long prompt is read segment by segment (seg_len tokens at a time), exactly as in training, so it lands in the
 model's memory; generation then continues from the last partial segment. Text streams to stdout as it is made.
+
+The tokenizer is the one the checkpoint was trained with (train.py records it): GPT-2 BPE, UTF-8 bytes (enwik8,
+data/gutenberg/prepare.py --tokenizer=bytes) or a character table (text8). A byte model's prompt, a FILE: one
+too, is fed as its raw bytes, and bytes it makes that are not valid UTF-8 are shown as U+FFFD, never raised.
 """
 
 import codecs
@@ -43,27 +47,44 @@ class SampleConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 
 
-def read_prompt(start):
+def read_prompt(start) -> bytes:
+    """The prompt as bytes: --start encoded as UTF-8, or the file FILE:path as it is on disk."""
     if start.startswith('FILE:'):
         path = Path(start[len('FILE:'):])
         try:
-            return path.read_text(encoding='utf-8', errors='replace')
+            return path.read_bytes()
         except OSError as e:
             raise UserError(f"cannot read prompt file {path}: {e.strerror}")
-    return start
+    return start.encode('utf-8')
+
+
+def encode_prompt(raw, tokenizer):
+    """Token ids of the prompt. Bytes go in as they are; a character table (text8: lower-case letters and space)
+    gets the text the way text8 was made: lower-cased, anything else a space."""
+    if tokenizer.name == 'bytes':
+        ids = list(raw)
+    else:
+        text = raw.decode('utf-8', errors='replace')
+        if tokenizer.name == 'chars':
+            text = ''.join(c if c in tokenizer.index else ' ' for c in text.lower())
+        ids = tokenizer.encode(text, allow_eot=True)
+    if not ids:
+        if tokenizer.eot is None:
+            raise UserError("the prompt is empty: give --start some text")
+        ids = [tokenizer.eot]
+    return ids
 
 
 class Streamer:
-    """Writes tokens as text while they arrive; a character split across tokens is held until complete."""
+    """Writes tokens as text while they arrive; a character split across tokens is held until complete, and
+    bytes that are not valid UTF-8 are written as U+FFFD."""
 
-    def __init__(self, enc, out=None):
-        self.enc, self.out = enc, sys.stdout if out is None else out
+    def __init__(self, tokenizer, out=None):
+        self.tokenizer, self.out = tokenizer, sys.stdout if out is None else out
         self.decoder = codecs.getincrementaldecoder('utf-8')(errors='replace')
 
     def __call__(self, tokens):                                  # tokens: (1, 1) tensor
-        t = int(tokens[0, 0])
-        raw = self.enc.decode_single_token_bytes(t) if t < self.enc.n_vocab else b'\xef\xbf\xbd'   # U+FFFD
-        self.out.write(self.decoder.decode(raw))
+        self.out.write(self.decoder.decode(self.tokenizer.token_bytes(int(tokens[0, 0]))))
         self.out.flush()
 
     def close(self):
@@ -76,7 +97,7 @@ def sample(argv):
     from tqdm import tqdm
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from data.tokenizer import get_encoding, EOT, TokenizerError
+    from data.tokenizer import TokenizerError, from_meta
 
     device, device_type = resolve_device(cfg.device)
     ctx = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
@@ -87,15 +108,15 @@ def sample(argv):
     _, model_cfg, model = model_from_checkpoint(ckpt, path)
     model.eval().to(device)
     try:
-        enc = get_encoding()
+        tokenizer = from_meta(ckpt.get('tokenizer'))         # GPT-2 for checkpoints that name none
+        if model_cfg.vocab_size < tokenizer.vocab_size:
+            name = {'gpt2': 'GPT-2', 'bytes': 'byte', 'chars': 'character'}[tokenizer.name]
+            raise UserError(f"{path} has vocab_size={model_cfg.vocab_size}, fewer than the {name} tokenizer's "
+                            f"{tokenizer.vocab_size} tokens: it was trained on other tokens")
+        raw = read_prompt(cfg.start)
+        tokens = encode_prompt(raw, tokenizer)
     except TokenizerError as e:
         raise UserError(str(e))
-
-    if model_cfg.vocab_size < enc.n_vocab:
-        raise UserError(f"{path} has vocab_size={model_cfg.vocab_size}, fewer than the GPT-2 tokenizer's "
-                        f"{enc.n_vocab} tokens: it was not trained on GPT-2 tokens")
-    text = read_prompt(cfg.start)
-    tokens = enc.encode(text, allowed_special='all') or [EOT]
     T = model_cfg.seg_len
     n_full = (len(tokens) - 1) // T                  # whole segments go into memory; >= 1 token is left to generate
     mem_len = {} if cfg.mem_len == -1 else {'mem_len': cfg.mem_len}
@@ -109,9 +130,9 @@ def sample(argv):
         print(f"[{n_full * T:,} prompt tokens in memory, {rest.size(1)} in the last segment]", file=sys.stderr)
 
     for i in range(cfg.num_samples):
-        streamer = Streamer(enc)
+        streamer = Streamer(tokenizer)
         if not cfg.start.startswith('FILE:'):
-            sys.stdout.write(text)
+            sys.stdout.write(cfg.start)
         sample_memory = replace(memory, **{f.name: getattr(memory, f.name).clone() for f in fields(memory)})
         with ctx:
             model.generate(rest, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,

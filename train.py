@@ -220,9 +220,11 @@ def parse_args(argv, train_cls=None, allow_model_fields=True):
 def load_split(data_dir, split):
     path = Path(data_dir) / f'{split}.bin'
     if not path.exists():
-        prepare = REPO / 'data' / Path(data_dir).name / 'prepare.py'
+        name = Path(data_dir).name
+        base, flag = (name[:-len('_bytes')], ' --tokenizer=bytes') if name.endswith('_bytes') else (name, '')
+        prepare = REPO / 'data' / base / 'prepare.py'
         if prepare.exists():
-            raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}` first")
+            raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}{flag}` first")
         known = sorted(p.parent.name for p in (REPO / 'data').glob('*/prepare.py'))
         raise UserError(f"no data at {path}; datasets with a prepare.py: {', '.join(known)}")
     return np.memmap(path, dtype=np.uint16, mode='r')
@@ -231,6 +233,44 @@ def load_split(data_dir, split):
 def load_meta(data_dir):
     path = Path(data_dir) / 'meta.json'
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def data_tokenizer(meta):
+    """The Tokenizer that meta.json names (data/tokenizer.py), or None when it names none (hand-made data)."""
+    if 'tokenizer' not in meta:
+        return None
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from data.tokenizer import TokenizerError, from_meta
+    try:
+        return from_meta(meta)
+    except TokenizerError as e:
+        raise UserError(f"meta.json: {e}")
+
+
+def vocab_from_data(model_cfg, given, tokenizer):
+    """Byte and character data set the model's vocabulary (256, 27, ...) unless --vocab_size was given; on GPT-2
+    data the model keeps its default (50304: GPT-2's 50257 padded to a multiple of 64)."""
+    if tokenizer is None or tokenizer.name == 'gpt2' or 'vocab_size' in given:
+        return model_cfg
+    return dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
+
+
+@dataclass
+class EvalSet:
+    """A split to evaluate: its tokens, and what turns the summed NLL into per-word and per-byte figures."""
+    data: np.ndarray
+    words: typing.Optional[int] = None           # words of the whole split (meta.json), for word-level perplexity
+    byte_lengths: typing.Optional[np.ndarray] = None  # bytes of text per token id (0 for end-of-document)
+    unit: str = 'bpb'                            # 'bpc' on byte/character data, 'bpb' (bits per byte) on BPE data
+
+
+def eval_set(data, meta, split, tokenizer):
+    words = meta.get('splits', {}).get(split, {}).get('words')
+    if tokenizer is None:
+        return EvalSet(data, words)
+    unit = 'bpb' if tokenizer.name == 'gpt2' else 'bpc'
+    return EvalSet(data, words, tokenizer.byte_lengths(), unit)
 
 
 class StreamLoader:
@@ -413,9 +453,13 @@ def all_reduce_sum(values, device, world_size):
 
 
 @torch.no_grad()
-def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=None):
+def evaluate(model, evalset, run, model_cfg):
     """Stream the split (or its first eval_tokens + 1 tokens) through the model with memory carried.
-    Returns {'loss', 'ppl', 'tokens'} and 'word_ppl' (total NLL / words) when the whole split was read."""
+    Returns {'loss', 'ppl', 'tokens'}; 'word_ppl' (total NLL / words) when the whole split was read; and where the
+    tokenizer is known, 'bpc' or 'bpb': total NLL in bits / bytes of the text the predicted tokens spell."""
+    cfg, device, rank, world_size = run.cfg, run.device, run.rank, run.world_size
+    data = evalset.data
+    lengths = None if evalset.byte_lengths is None else torch.as_tensor(evalset.byte_lengths, device=device)
     n_tokens = len(data) if cfg.eval_tokens == 0 else min(len(data), cfg.eval_tokens + 1)
     B = cfg.eval_batch_size or cfg.batch_size
     T = cfg.eval_seg_len or model_cfg.seg_len
@@ -425,7 +469,7 @@ def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=N
     was_training = model.training
     model.eval()
     memory = model.init_memory(B, device) if M is None else model.init_memory(B, device, mem_len=M)
-    nll, count = 0.0, 0
+    nll, count, n_bytes = 0.0, 0, 0
     n_steps = int(math.ceil((ends - starts).max() / T)) if len(starts) else 0
     from tqdm import tqdm
     for s in tqdm(range(n_steps), desc=f'eval {cfg.eval_split}', unit='seg', leave=False, dynamic_ncols=True,
@@ -441,18 +485,22 @@ def evaluate(model, data, cfg, model_cfg, ctx, device, rank, world_size, words=N
         x, y = x.to(device), y.to(device)
         if cfg.eval_reset_memory:
             memory = model.reset_memory(memory, torch.ones(B, dtype=torch.bool, device=device))
-        with ctx:
+        with run.ctx:
             logits, _, memory, _ = model(x, memory)
         nll += F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1),
                                ignore_index=-1, reduction='sum').item()
         count += int((y != -1).sum())
+        if lengths is not None:
+            n_bytes += int(lengths[y[y != -1]].sum())
     model.train(was_training)
-    nll, count = all_reduce_sum([nll, count], device, world_size)
+    nll, count, n_bytes = all_reduce_sum([nll, count, n_bytes], device, world_size)
     if count == 0:
         raise UserError(f"nothing to evaluate: the {cfg.eval_split} split has {len(data)} tokens")
     out = {'loss': nll / count, 'ppl': math.exp(min(nll / count, 700)), 'tokens': int(count)}
-    if words and n_tokens == len(data):
-        out['word_ppl'] = math.exp(min(nll / words, 700))
+    if evalset.words and n_tokens == len(data):
+        out['word_ppl'] = math.exp(min(nll / evalset.words, 700))
+    if n_bytes > 0:
+        out[evalset.unit] = nll / math.log(2) / n_bytes
     return out
 
 
@@ -490,19 +538,52 @@ def autocast_context(device_type, dtype):
     return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 
 
-def setup_device(cfg):
+@dataclass
+class Run:
+    """How and where this process runs: set up once (setup_run) and handed to every function that needs it."""
+    cfg: TrainConfig
+    device: str = 'cpu'
+    device_type: str = 'cpu'
+    dtype: str = 'float32'
+    ddp: bool = False
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    @property
+    def ctx(self):
+        """The autocast context of this run's dtype (a no-op in float32); enter a fresh one each time."""
+        return autocast_context(self.device_type, self.dtype)
+
+
+def setup_run(cfg):
+    """The device, precision and (under torchrun) the process group."""
     ddp = int(os.environ.get('RANK', -1)) != -1
     device, device_type = resolve_device(cfg.device)
-    rank, local_rank, world_size = 0, 0, 1
+    rank, world_size = 0, 1
     if ddp:
         backend = 'nccl' if device.startswith('cuda') else 'gloo'
         torch.distributed.init_process_group(backend=backend)
         rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        local_rank = int(os.environ.get('LOCAL_RANK', 0))
         if device.startswith('cuda'):
-            device = f'cuda:{local_rank}'
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
-    return ddp, rank, world_size, device, device_type, resolve_dtype(cfg.dtype, device_type)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    return Run(cfg, device, device_type, resolve_dtype(cfg.dtype, device_type), ddp, rank, world_size)
+
+
+@dataclass
+class Parts:
+    """What a training step updates: the model forward runs through (compiled and/or DDP-wrapped), the model
+    itself, the optimizer and the fp16 grad scaler."""
+    model: torch.nn.Module
+    raw_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
 
 
 def build_model(cfg, module, model_cfg, given, path, device):
@@ -524,14 +605,13 @@ def build_model(cfg, module, model_cfg, given, path, device):
     return model_cfg, model, ckpt
 
 
-def load_data(cfg, model_cfg, data_dir, rank, world_size):
-    """This rank's StreamLoaders over the train split (one per micro-batch), the eval split and its word count."""
+def load_data(run, model_cfg, data_dir, meta, tokenizer):
+    """This rank's StreamLoaders over the train split (one per micro-batch) and the EvalSet of the eval split."""
+    cfg = run.cfg
     train_data = load_split(data_dir, 'train')
     eval_data = load_split(data_dir, cfg.eval_split)
-    meta = load_meta(data_dir)
     if meta.get('vocab_size', 0) > model_cfg.vocab_size:
         raise UserError(f"the data's vocabulary ({meta['vocab_size']}) is larger than vocab_size={model_cfg.vocab_size}")
-    eval_words = meta.get('splits', {}).get(cfg.eval_split, {}).get('words')
     doc_starts = None
     if cfg.reset_at_doc:
         docs_path = data_dir / 'train_docs.npy'
@@ -539,10 +619,10 @@ def load_data(cfg, model_cfg, data_dir, rank, world_size):
             raise UserError(f"--reset_at_doc=True needs {docs_path} (made by the dataset's prepare.py)")
         doc_starts = np.load(docs_path)
     G, B = cfg.gradient_accumulation_steps, cfg.batch_size
-    n_streams = world_size * G * B
-    loaders = [StreamLoader(train_data, n_streams, (rank * G + g) * B, B, model_cfg.seg_len, doc_starts)
+    n_streams = run.world_size * G * B
+    loaders = [StreamLoader(train_data, n_streams, (run.rank * G + g) * B, B, model_cfg.seg_len, doc_starts)
                for g in range(G)]
-    return loaders, eval_data, eval_words
+    return loaders, eval_set(eval_data, meta, cfg.eval_split, tokenizer)
 
 
 @dataclass
@@ -554,38 +634,40 @@ class TrainState:
     memories: list = None              # one Memory per micro-batch
 
 
-def restore(ckpt, state, optimizer, scaler, cfg, rank, world_size, device_type):
+def restore(ckpt, run, parts, state):
     """Continue exactly where the checkpoint stopped: optimizer, scaler, position, memories, RNG."""
+    cfg, rank = run.cfg, run.rank
     layout = (ckpt['world_size'], ckpt['train_config']['gradient_accumulation_steps'],
               ckpt['train_config']['batch_size'])
-    if layout != (world_size, cfg.gradient_accumulation_steps, cfg.batch_size):
+    if layout != (run.world_size, cfg.gradient_accumulation_steps, cfg.batch_size):
         raise UserError(f"the checkpoint's streams were world_size, gradient_accumulation_steps, batch_size = "
                         f"{layout}; resume with the same values (now "
-                        f"{(world_size, cfg.gradient_accumulation_steps, cfg.batch_size)})")
-    optimizer.load_state_dict(ckpt['optimizer'])
-    scaler.load_state_dict(ckpt['scaler'])
+                        f"{(run.world_size, cfg.gradient_accumulation_steps, cfg.batch_size)})")
+    parts.optimizer.load_state_dict(ckpt['optimizer'])
+    parts.scaler.load_state_dict(ckpt['scaler'])
     state.step, state.position, state.best_val_loss = ckpt['step'], ckpt['data_position'], ckpt['best_val_loss']
     state.memories = [memory_from_dict(m, {k: v[rank] for k, v in stored.items()})
                       for m, stored in zip(state.memories, ckpt['memory'])]
     torch.set_rng_state(ckpt['rng']['cpu'][rank].cpu())
-    if device_type == 'cuda' and 'cuda' in ckpt['rng']:
+    if run.device_type == 'cuda' and 'cuda' in ckpt['rng']:
         torch.cuda.set_rng_state(ckpt['rng']['cuda'][rank].cpu())
 
 
-def checkpoint_state(cfg, model_cfg, model, optimizer, scaler, state, world_size, device, device_type):
-    """Everything to continue exactly, as tensors and plain values. Collective under DDP: every rank calls it
-    (memories and RNG states are gathered from all ranks)."""
+def checkpoint_state(run, model_cfg, parts, state, tokenizer=None):
+    """Everything to continue exactly, as tensors and plain values, and the tokenizer sample.py decodes with.
+    Collective under DDP: every rank calls it (memories and RNG states are gathered from all ranks)."""
+    cfg, device, world_size = run.cfg, run.device, run.world_size
     rng = {'cpu': gather_stacked(torch.get_rng_state().to(device), world_size).cpu()}
-    if device_type == 'cuda':
+    if run.device_type == 'cuda':
         rng['cuda'] = gather_stacked(torch.cuda.get_rng_state().to(device), world_size).cpu()
     return {
         'format': CKPT_FORMAT,
         'model_name': cfg.model,
         'model_config': asdict(model_cfg),
         'train_config': asdict(cfg),
-        'model': model.state_dict(),
-        'optimizer': optimizer.state_dict(),
-        'scaler': scaler.state_dict(),
+        'model': parts.raw_model.state_dict(),
+        'optimizer': parts.optimizer.state_dict(),
+        'scaler': parts.scaler.state_dict(),
         'step': state.step,
         'data_position': state.position,
         'best_val_loss': state.best_val_loss,
@@ -593,6 +675,7 @@ def checkpoint_state(cfg, model_cfg, model, optimizer, scaler, state, world_size
         'rng': rng,
         'memory': [{k: gather_stacked(v, world_size).cpu() for k, v in memory_to_dict(m).items()}
                    for m in state.memories],
+        **({'tokenizer': tokenizer.describe()} if tokenizer is not None else {}),
     }
 
 
@@ -618,14 +701,15 @@ class AuxMeter:
         return out
 
 
-def train_step(model, raw_model, loaders, state, optimizer, scaler, cfg, ctx, device, ddp, world_size, aux_meter):
+def train_step(run, parts, loaders, state, aux_meter):
     """One optimizer step: every micro-batch reads bptt_segments segments with the graph kept, backpropagates,
     and detaches its memory (truncated backprop through time). Returns the mean loss; a NaN/inf loss stops the
     run before the update."""
+    cfg, model, raw_model, device = run.cfg, parts.model, parts.raw_model, run.device
     G = len(loaders)
     loss_sum = 0.0
     for g in range(G):
-        sync = not ddp or g == G - 1                           # all-reduce gradients on the last micro-batch only
+        sync = not run.ddp or g == G - 1                           # all-reduce gradients on the last micro-batch only
         with (nullcontext() if sync else model.no_sync()):
             total = 0.0
             for s in range(cfg.bptt_segments):
@@ -633,28 +717,29 @@ def train_step(model, raw_model, loaders, state, optimizer, scaler, cfg, ctx, de
                 if reset.any():
                     state.memories[g] = raw_model.reset_memory(state.memories[g], reset.to(device))
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with ctx:
+                with run.ctx:
                     _, loss, state.memories[g], aux = model(x, state.memories[g], y)
                 total = total + loss
                 aux_meter.add(aux)
             total = total / (G * cfg.bptt_segments)
-            scaler.scale(total).backward()
+            parts.scaler.scale(total).backward()
             state.memories[g] = detach_memory(state.memories[g])
             loss_sum += total.detach()
-    if ddp:                                                    # the mean over ranks: every rank sees a NaN
+    if run.ddp:                                                # the mean over ranks: every rank sees a NaN
         torch.distributed.all_reduce(loss_sum)
-        loss_sum /= world_size
+        loss_sum /= run.world_size
     loss_value = float(loss_sum)
     if not math.isfinite(loss_value):
-        raise UserError(f"loss is {loss_value} at step {state.step + 1}: stopping before the update. The last good "
-                        f"checkpoint is {Path(cfg.out_dir) / 'ckpt.pt'} (try a lower learning_rate or "
-                        f"--dtype=float32)")
+        last = Path(cfg.out_dir) / 'ckpt.pt'
+        kept = f"The last good checkpoint is {last}" if last.exists() else f"No checkpoint was written yet ({last})"
+        raise UserError(f"loss is {loss_value} at step {state.step + 1}: stopping before the update. {kept} (try a "
+                        f"lower learning_rate or --dtype=float32)")
     if cfg.grad_clip > 0:
-        scaler.unscale_(optimizer)
+        parts.scaler.unscale_(parts.optimizer)
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    parts.scaler.step(parts.optimizer)
+    parts.scaler.update()
+    parts.optimizer.zero_grad(set_to_none=True)
     state.step += 1
     state.position += cfg.bptt_segments
     return loss_value
@@ -681,81 +766,82 @@ class SigintHandler:
 
 
 def train(argv):
+    """Train (or with --eval_only, evaluate) as the flags say; returns a small summary dict."""
     cfg, module, model_cfg, given = parse_args(argv)
-    ddp, rank, world_size, device, device_type, dtype = setup_device(cfg)
-    master = rank == 0
-    from tqdm import tqdm
-    say = tqdm.write if master else (lambda *a, **k: None)      # prints above the progress bar
-    out_dir = Path(cfg.out_dir)
-    torch.manual_seed(cfg.seed + rank)
-    model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, out_dir / 'ckpt.pt', device)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    ctx = autocast_context(device_type, dtype)
-    loaders, eval_data, eval_words = load_data(cfg, model_cfg, Path(cfg.data_dir or REPO / 'data' / cfg.dataset),
-                                               rank, world_size)
-    raw_model = model.to(device)
-    optimizer = configure_optimizer(raw_model, cfg, device_type)
-    scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))
-    state = TrainState(memories=[raw_model.init_memory(cfg.batch_size, device) for _ in loaders])
+    run = setup_run(cfg)
+    torch.manual_seed(cfg.seed + run.rank)
+    data_dir = Path(cfg.data_dir or REPO / 'data' / cfg.dataset)
+    meta = load_meta(data_dir)
+    tokenizer = data_tokenizer(meta)
+    model_cfg = vocab_from_data(model_cfg, given, tokenizer)
+    ckpt_path = Path(cfg.out_dir) / 'ckpt.pt'
+    model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, ckpt_path, run.device)
+    if ckpt is not None and tokenizer is not None and ckpt.get('tokenizer', tokenizer.describe()) != tokenizer.describe():
+        raise UserError(f"{ckpt_path} was trained on {ckpt['tokenizer']['tokenizer']} tokens, but {data_dir} holds "
+                        f"{tokenizer.name} tokens")
+    loaders, evalset = load_data(run, model_cfg, data_dir, meta, tokenizer)
+    raw_model = model.to(run.device)
+    parts = Parts(raw_model, raw_model, configure_optimizer(raw_model, cfg, run.device_type),
+                  torch.amp.GradScaler(run.device_type, enabled=(run.dtype == 'float16')))
+    state = TrainState(memories=[raw_model.init_memory(cfg.batch_size, run.device) for _ in loaders])
     if ckpt is not None and not cfg.eval_only:
-        restore(ckpt, state, optimizer, scaler, cfg, rank, world_size, device_type)
+        restore(ckpt, run, parts, state)
     elif ckpt is not None:
         state.step = ckpt['step']                                # --eval_only: report which step was evaluated
     ckpt = None                                                  # free it
-
-    def run_eval():
-        result = evaluate(raw_model, eval_data, cfg, model_cfg, ctx, device, rank, world_size, eval_words)
-        return result, {'step': state.step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}}
-
     if cfg.eval_only:
-        result, record = run_eval()
-        say(json.dumps(record))
-        finish_ddp(ddp)
+        result = evaluate(raw_model, evalset, run, model_cfg)
+        if run.master:
+            print(json.dumps(eval_record(cfg, state.step, result)))
+        finish_ddp(run.ddp)
         return result
-
     if cfg.compile is None:
-        cfg.compile = device_type == 'cuda'
+        cfg.compile = run.device_type == 'cuda'
     if cfg.compile:
-        model = torch.compile(model)
-    if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[int(device.split(':')[1])]
-                                                          if device_type == 'cuda' else None)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log_file = open(out_dir / 'log.jsonl', 'a') if master else None
+        parts.model = torch.compile(parts.model)
+    if run.ddp:
+        parts.model = torch.nn.parallel.DistributedDataParallel(
+            parts.model, device_ids=[int(run.device.split(':')[1])] if run.device_type == 'cuda' else None)
+    return fit(run, model_cfg, parts, loaders, evalset, state, tokenizer)
 
-    def log(record):
-        if master:
-            log_file.write(json.dumps(record) + '\n')
-            log_file.flush()
+
+def eval_record(cfg, step, result):
+    return {'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}}
+
+
+def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
+    """The training loop: steps, log lines, evaluations and checkpoints until max_iters (or Ctrl-C)."""
+    from tqdm import tqdm
+    cfg, out_dir = run.cfg, Path(run.cfg.out_dir)
+    say = tqdm.write if run.master else (lambda *a, **k: None)  # prints above the progress bar
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = JsonLog(out_dir / 'log.jsonl' if run.master else None)
 
     def save(is_best):
-        ckpt = checkpoint_state(cfg, model_cfg, raw_model, optimizer, scaler, state, world_size, device,
-                                device_type)
-        if master:
+        ckpt = checkpoint_state(run, model_cfg, parts, state, tokenizer)
+        if run.master:
             save_checkpoint(ckpt, out_dir / 'ckpt.pt')
             if is_best:
                 save_checkpoint(ckpt, out_dir / 'best.pt')
 
-    tokens_per_step = world_size * len(loaders) * cfg.batch_size * cfg.bptt_segments * model_cfg.seg_len
-    flops_per_token = announce(raw_model, cfg, model_cfg, loaders, world_size, device, dtype, say)
-    peak = peak_flops(device_type)
-    sigint = SigintHandler(enabled=not ddp, say=say)
-    bar = tqdm(total=cfg.max_iters, initial=state.step, disable=not master, dynamic_ncols=True,
+    tokens_per_step = run.world_size * len(loaders) * cfg.batch_size * cfg.bptt_segments * model_cfg.seg_len
+    flops_per_token = announce(run, model_cfg, parts.raw_model, loaders, say)
+    peak = peak_flops(run.device_type)
+    sigint = SigintHandler(enabled=not run.ddp, say=say)
+    bar = tqdm(total=cfg.max_iters, initial=state.step, disable=not run.master, dynamic_ncols=True,
                mininterval=1.0 if sys.stderr.isatty() else 30.0)
     aux_meter = AuxMeter()
     try:
-        model.train()
+        parts.model.train()
         t0 = time.time()
         while state.step < cfg.max_iters:
             lr = get_lr(state.step, cfg)
-            for group in optimizer.param_groups:
+            for group in parts.optimizer.param_groups:
                 group['lr'] = lr * group['lr_mult']
-            loss = train_step(model, raw_model, loaders, state, optimizer, scaler, cfg, ctx, device, ddp,
-                              world_size, aux_meter)
+            loss = train_step(run, parts, loaders, state, aux_meter)
             tokens_per_sec = tokens_per_step / (time.time() - t0)
             t0 = time.time()
-            mfu = flops_per_token * tokens_per_sec / (peak * world_size) if peak else None
+            mfu = flops_per_token * tokens_per_sec / (peak * run.world_size) if peak else None
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
                             **({'mfu': f"{100 * mfu:.1f}%"} if mfu else {}), refresh=False)
@@ -767,31 +853,52 @@ def train(argv):
                 say(f"saved {out_dir / 'ckpt.pt'} at step {state.step}; continue with --init_from=resume")
                 break
             if state.step % cfg.eval_interval == 0 or state.step == cfg.max_iters:
-                result, record = run_eval()
+                result = evaluate(parts.raw_model, evalset, run, model_cfg)
                 is_best = result['loss'] < state.best_val_loss
                 state.best_val_loss = min(state.best_val_loss, result['loss'])
-                words = f", word ppl {result['word_ppl']:.2f}" if 'word_ppl' in result else ''
-                say(f"step {state.step}: {cfg.eval_split} loss {result['loss']:.4f}, ppl {result['ppl']:.2f}{words}"
-                    f" ({result['tokens']:,} tokens)")
-                log(record)
+                say(f"step {state.step}: {cfg.eval_split} {eval_summary(result)}")
+                log(eval_record(cfg, state.step, result))
                 if cfg.always_save_checkpoint or is_best:
                     save(is_best)
                 t0 = time.time()                                  # do not count eval time as training time
     finally:
         bar.close()
         sigint.close()
-    if master:
-        log_file.close()
-        say(f"done: step {state.step}, best {cfg.eval_split} loss {state.best_val_loss:.4f}, checkpoint in {out_dir}")
-    finish_ddp(ddp)
+        log.close()
+    say(f"done: step {state.step}, best {cfg.eval_split} loss {state.best_val_loss:.4f}, checkpoint in {out_dir}")
+    finish_ddp(run.ddp)
     return {'step': state.step, 'best_val_loss': state.best_val_loss}
 
 
-def announce(model, cfg, model_cfg, loaders, world_size, device, dtype, say):
+class JsonLog:
+    """log.jsonl, one JSON record a line, flushed at once; a no-op on ranks other than 0 (path None)."""
+
+    def __init__(self, path):
+        self.file = open(path, 'a') if path is not None else None
+
+    def __call__(self, record):
+        if self.file is not None:
+            self.file.write(json.dumps(record) + '\n')
+            self.file.flush()
+
+    def close(self):
+        if self.file is not None:
+            self.file.close()
+
+
+def eval_summary(result):
+    """'loss 1.0234, ppl 2.78, bpc 1.4765 (1,000 tokens)': the eval line, with what the result holds."""
+    extra = ''.join(f", {k.replace('_', ' ')} {result[k]:{f}}" for k, f in
+                    (('word_ppl', '.2f'), ('bpc', '.4f'), ('bpb', '.4f')) if k in result)
+    return f"loss {result['loss']:.4f}, ppl {result['ppl']:.2f}{extra} ({result['tokens']:,} tokens)"
+
+
+def announce(run, model_cfg, model, loaders, say):
     """Print the model and the batch once; return the training FLOPs per token (for MFU)."""
+    cfg, world_size = run.cfg, run.world_size
     n_params = model.num_params() if hasattr(model, 'num_params') else sum(p.numel() for p in model.parameters())
     G, B, T = len(loaders), cfg.batch_size, model_cfg.seg_len
-    say(f"model {cfg.model}: {n_params / 1e6:.2f}M parameters | device {device} {dtype}"
+    say(f"model {cfg.model}: {n_params / 1e6:.2f}M parameters | device {run.device} {run.dtype}"
         f"{' compiled' if cfg.compile else ''} | world {world_size}")
     say(f"tokens per step: {world_size * G * B * cfg.bptt_segments * T:,} = {world_size} ranks x {G} micro x "
         f"{B} streams x {cfg.bptt_segments} segments x {T} | data: {len(loaders[0].data):,} train tokens, "

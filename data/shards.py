@@ -1,8 +1,9 @@
 """Token shards: the one writer that every data/<dataset>/prepare.py uses.
 
 A prepared dataset is a directory with, for each split in SPLITS:
-    {split}.bin         GPT-2 tokens as uint16, documents back to back, each one followed by <|endoftext|>
-                        (nanoGPT's format: np.memmap(path, dtype=np.uint16, mode="r"))
+    {split}.bin         tokens as uint16, documents back to back, each one followed by the end-of-document token
+                        where the tokenizer has one (nanoGPT's format: np.memmap(path, dtype=np.uint16, mode="r")).
+                        The tokenizer is GPT-2's by default; data/tokenizer.py has the byte and character ones.
     {split}_docs.npy    int64 token offset where each document starts (ascending, the first is 0)
 and one meta.json with the counts per split (tokens, documents, words, bytes), the tokenizer and the source.
 meta.json is written last: its presence means the dataset is complete. Everything is first written as *.tmp
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from data.tokenizer import EOT, N_VOCAB, TokenizerError, get_encoding
+from data.tokenizer import Tokenizer, TokenizerError, get_encoding, gpt2_tokenizer
 
 SPLITS = ("train", "validation", "test")
 
@@ -55,7 +56,7 @@ def cli_errors():
 
 @dataclass
 class Doc:
-    ids: np.ndarray  # uint16 tokens of the text, then EOT
+    ids: np.ndarray  # uint16 tokens of the text, then the end-of-document token (if the tokenizer has one)
     words: int       # words of the original text, by the dataset's word rule
     bytes: int       # UTF-8 bytes of the text
     replaced: int    # undecodable byte sequences that were replaced by U+FFFD
@@ -67,10 +68,14 @@ def decode_utf8(raw: bytes) -> tuple[str, int]:
     return text, text.count("\ufffd") - raw.count("\ufffd".encode())  # minus the U+FFFD already in the text
 
 
-def encode_doc(text: str, words: int, replaced: int = 0) -> Doc:
-    """Tokenize one document. encode_ordinary: a literal "<|endoftext|>" in a book is text, not the EOT token."""
-    ids = get_encoding().encode_ordinary(text)
-    ids.append(EOT)
+def encode_doc(text: str, words: int, replaced: int = 0, tokenizer: Tokenizer = None) -> Doc:
+    """Tokenize one document (GPT-2 by default). A literal "<|endoftext|>" in a book is text, not the EOT token."""
+    tokenizer = tokenizer or gpt2_tokenizer()
+    if tokenizer.eot is not None and tokenizer.name == "bytes" and chr(tokenizer.eot) in text:
+        raise DataError(f"a document contains byte {tokenizer.eot}, the byte-level end-of-document mark")
+    ids = tokenizer.encode(text)
+    if tokenizer.eot is not None:
+        ids.append(tokenizer.eot)
     return Doc(np.array(ids, dtype=np.uint16), words, len(text.encode("utf-8")), replaced)
 
 
@@ -119,7 +124,7 @@ def write_split(out_dir, split, items, encode, num_proc, chunksize=1) -> dict:
             ordered_map(encode, items, num_proc, chunksize) as docs:
         for doc in tqdm(docs, total=total, desc=split, unit="doc", dynamic_ncols=True):
             starts.append(tokens)
-            f.write(doc.ids.tobytes())  # appending raw uint16 = the layout nanoGPT writes with np.memmap
+            f.write(memoryview(doc.ids))  # appending raw uint16 = the layout nanoGPT writes with np.memmap (no copy)
             tokens += len(doc.ids)
             words += doc.words
             nbytes += doc.bytes
@@ -140,8 +145,9 @@ def output_files():
     return [name for split in SPLITS for name in (f"{split}.bin", f"{split}_docs.npy")]
 
 
-def prepared_meta(out_dir, source, fingerprint=None, force=False):
-    """The meta.json of a complete dataset in out_dir made from this source (and say so), else None."""
+def prepared_meta(out_dir, source, fingerprint=None, force=False, tokenizer="gpt2"):
+    """The meta.json of a complete dataset in out_dir made from this source with this tokenizer (and say so),
+    else None."""
     if force:
         return None
     try:
@@ -149,7 +155,8 @@ def prepared_meta(out_dir, source, fingerprint=None, force=False):
             meta = json.load(f)
         files_ok = all(os.path.getsize(os.path.join(out_dir, f"{s}.bin")) == 2 * meta["splits"][s]["tokens"]
                        and os.path.exists(os.path.join(out_dir, f"{s}_docs.npy")) for s in SPLITS)
-        complete = meta["source"] == source and meta.get("fingerprint") == fingerprint and files_ok
+        complete = (meta["source"] == source and meta.get("fingerprint") == fingerprint and files_ok
+                    and meta.get("tokenizer", "gpt2") == tokenizer)
     except (OSError, ValueError, KeyError, TypeError):  # no meta.json, a missing .bin, a meta of another format
         return None
     if not complete:
@@ -184,27 +191,29 @@ def load_hub(repo, config=None, *, hint):
 
 
 def write_dataset(out_dir, splits, encode, *, dataset, source, word_rule, fingerprint=None, extra=None,
-                  num_proc=1, chunksize=1, force=False) -> dict:
+                  num_proc=1, chunksize=1, force=False, tokenizer: Tokenizer = None) -> dict:
     """Tokenize every split and write the shards and meta.json into out_dir; return the meta.
 
     splits: {split: iterable of items} for every split in SPLITS (a sized iterable gets a progress total).
     encode: item -> Doc, a module-level function (worker processes call it).
     source, fingerprint: identify the input. A re-run on the same input finds meta.json and does nothing
     (force=True redoes it); the output is deterministic, so a forced re-run writes identical bytes.
+    tokenizer: the one `encode` uses (GPT-2 by default); meta.json describes it, so train.py and sample.py use it.
     """
+    tokenizer = tokenizer or gpt2_tokenizer()
     os.makedirs(out_dir, exist_ok=True)
-    if (meta := prepared_meta(out_dir, source, fingerprint, force)) is not None:
+    if (meta := prepared_meta(out_dir, source, fingerprint, force, tokenizer.name)) is not None:
         return meta
-    get_encoding()  # fail early if the tokenizer is missing; forked workers inherit it
+    if tokenizer.name == "gpt2":
+        get_encoding()  # fail early if the tokenizer is missing; forked workers inherit it
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(meta_path):
         os.remove(meta_path)  # from here on, the old files no longer form a complete dataset
     tmp_paths = [os.path.join(out_dir, name + ".tmp") for name in output_files() + ["meta.json"]]
     try:
         counts = {split: write_split(out_dir, split, splits[split], encode, num_proc, chunksize) for split in SPLITS}
-        meta = {"dataset": dataset, "source": source, "fingerprint": fingerprint,
-                "tokenizer": "gpt2", "vocab_size": N_VOCAB, "eot_token": EOT, "dtype": "uint16",
-                "word_rule": word_rule, "splits": counts, **(extra or {})}
+        meta = {"dataset": dataset, "source": source, "fingerprint": fingerprint, **tokenizer.describe(),
+                "dtype": "uint16", "word_rule": word_rule, "splits": counts, **(extra or {})}
         with open(meta_path + ".tmp", "w") as f:
             json.dump(meta, f, indent=2)
             f.write("\n")

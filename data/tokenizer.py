@@ -63,3 +63,105 @@ def get_encoding() -> tiktoken.Encoding:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # no network, no cache
         raise TokenizerError(f"cannot load the GPT-2 tokenizer ({type(e).__name__}): {INSTALL_HINT}") from None
+
+
+# -----------------------------------------------------------------------------
+# Every tokenizer a prepared dataset can use, behind one small interface. meta.json names it ("tokenizer"), and
+# train.py copies that description into every checkpoint, so sample.py decodes with the tokenizer the model was
+# trained on.
+#   gpt2   GPT-2 BPE (50257 tokens, <|endoftext|> = 50256 after every document)
+#   bytes  UTF-8 bytes, 256 tokens (enwik8; the offline corpus with --tokenizer=bytes). A dataset of several
+#          documents marks each end with BYTES_EOT (NUL, which no text file here contains); enwik8 has none.
+#   chars  one token per character of a fixed symbol table (text8: " abcdefghijklmnopqrstuvwxyz", 27 tokens)
+
+BYTES_EOT = 0
+TEXT8_SYMBOLS = " abcdefghijklmnopqrstuvwxyz"
+EOT_TEXT = b"<|endoftext|>"  # how a document end is shown when sampling
+
+
+class Tokenizer:
+    """name, vocab_size, eot (None: the data has no end-of-document token), symbols (chars only); encode(text)
+    -> ids, token_bytes(id) -> the bytes it stands for, byte_lengths() -> bytes of text per token (0 for eot),
+    which turns a summed NLL into bits per byte (bits per character on byte and character data)."""
+
+    def __init__(self, name, vocab_size, eot=None, symbols=None):
+        self.name, self.vocab_size, self.eot, self.symbols = name, vocab_size, eot, symbols
+        if name == "chars":
+            self.index = {c: i for i, c in enumerate(symbols)}
+
+    def describe(self) -> dict:
+        """Plain values that rebuild this tokenizer with from_meta() (meta.json, checkpoints)."""
+        out = {"tokenizer": self.name, "vocab_size": self.vocab_size, "eot_token": self.eot}
+        return out | ({"symbols": self.symbols} if self.symbols is not None else {})
+
+    def encode(self, text, allow_eot=False) -> list:
+        """Token ids of text. allow_eot: the literal text <|endoftext|> becomes the end-of-document token (for
+        prompts); in data it is text."""
+        if allow_eot and self.eot is not None and "<|endoftext|>" in text:
+            ids = []
+            for i, piece in enumerate(text.split("<|endoftext|>")):
+                ids += ([self.eot] if i else []) + self.encode(piece)
+            return ids
+        if self.name == "gpt2":
+            return get_encoding().encode_ordinary(text)
+        if self.name == "bytes":
+            return list(text.encode("utf-8"))
+        unknown = sorted(set(text) - set(self.index))
+        if unknown:
+            raise TokenizerError(f"text has characters outside the {len(self.symbols)} symbols "
+                                 f"{self.symbols!r}: {''.join(unknown[:20])!r}")
+        return [self.index[c] for c in text]
+
+    def token_bytes(self, i) -> bytes:
+        if i == self.eot:
+            return EOT_TEXT
+        if self.name == "gpt2":
+            return get_encoding().decode_single_token_bytes(i) if i < N_VOCAB else "\ufffd".encode()
+        if self.name == "bytes":
+            return bytes([i]) if i < 256 else "\ufffd".encode()
+        return self.symbols[i].encode() if i < len(self.symbols) else "\ufffd".encode()
+
+    def decode(self, ids) -> str:
+        """Text of ids; bytes that are not valid UTF-8 show as U+FFFD (a byte model can emit any byte)."""
+        return b"".join(self.token_bytes(int(i)) for i in ids).decode("utf-8", errors="replace")
+
+    def byte_lengths(self):
+        """int64 array (vocab_size,): UTF-8 bytes of text each token stands for; 0 for the end-of-document token."""
+        import numpy as np
+        if self.name == "gpt2":
+            enc = get_encoding()
+            lengths = np.array([len(enc.decode_single_token_bytes(i)) for i in range(N_VOCAB)], dtype=np.int64)
+        elif self.name == "bytes":
+            lengths = np.ones(256, dtype=np.int64)
+        else:
+            lengths = np.array([len(c.encode()) for c in self.symbols], dtype=np.int64)
+        if self.eot is not None:
+            lengths[self.eot] = 0
+        return lengths
+
+
+def gpt2_tokenizer() -> Tokenizer:
+    return Tokenizer("gpt2", N_VOCAB, EOT)
+
+
+def bytes_tokenizer(eot=BYTES_EOT) -> Tokenizer:
+    return Tokenizer("bytes", 256, eot)
+
+
+def chars_tokenizer(symbols=TEXT8_SYMBOLS) -> Tokenizer:
+    return Tokenizer("chars", len(symbols), None, symbols)
+
+
+def from_meta(meta) -> Tokenizer:
+    """The tokenizer a meta.json (or a checkpoint's copy of it) describes; GPT-2 when it names none (data and
+    checkpoints made before byte-level data existed)."""
+    name = (meta or {}).get("tokenizer", "gpt2")
+    if name == "gpt2":
+        return gpt2_tokenizer()
+    if name == "bytes":
+        return bytes_tokenizer(meta.get("eot_token"))
+    if name == "chars":
+        if not isinstance(meta.get("symbols"), str) or not meta["symbols"]:
+            raise TokenizerError("a 'chars' tokenizer needs its symbol table ('symbols' in meta.json)")
+        return chars_tokenizer(meta["symbols"])
+    raise TokenizerError(f"unknown tokenizer {name!r} (gpt2, bytes or chars)")

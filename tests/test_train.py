@@ -347,7 +347,15 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(trained, data_dir, tmp_path, m
     assert not list(out_dir.glob('*.tmp'))
 
 
-# -----------------------------------------------------------------------------------------------------------
+def test_nan_loss_before_any_checkpoint_says_there_is_none(data_dir, tmp_path, capsys):
+    """A run that diverges before its first checkpoint must not point to a checkpoint that does not exist."""
+    out_dir = tmp_path / 'run'
+    code, _, err = run_main(flags(data_dir, out_dir, learning_rate=1e9, max_iters=50, eval_interval=40), capsys)
+    assert code == 2
+    last = assert_one_line_error(err.splitlines()[-1], 'loss is', 'No checkpoint was written yet')
+    assert 'last good checkpoint' not in last and not (out_dir / 'ckpt.pt').exists()
+
+
 # -----------------------------------------------------------------------------------------------------------
 # 7. Generic machinery, with a stand-in model
 
@@ -563,7 +571,7 @@ def test_eval_predicts_every_token_once(eval_batch_size, n_tokens):
     model = ScoringModel()
     cfg = train.TrainConfig(batch_size=2, eval_batch_size=eval_batch_size)
     model_cfg = train.import_model('xl').Config(**TINY_XL)
-    out = train.evaluate(model, data, cfg, model_cfg, train.nullcontext(), 'cpu', 0, 1, words=50)
+    out = train.evaluate(model, train.EvalSet(data, words=50), train.Run(cfg), model_cfg)
     assert out['tokens'] == n_tokens - 1
     read = torch.cat([x.flatten() for x, _ in model.calls])
     assert sorted(read[read != 0].tolist()) == list(range(1, n_tokens))   # every input but the last, once
@@ -583,7 +591,7 @@ def test_eval_tokens_reads_a_prefix_without_word_ppl():
     data = (np.arange(200) + 1).astype(np.uint16)
     cfg = train.TrainConfig(batch_size=3, eval_tokens=50)
     model_cfg = train.import_model('xl').Config(**TINY_XL)
-    out = train.evaluate(ScoringModel(), data, cfg, model_cfg, train.nullcontext(), 'cpu', 0, 1, words=50)
+    out = train.evaluate(ScoringModel(), train.EvalSet(data, words=50), train.Run(cfg), model_cfg)
     assert out['tokens'] == 50 and 'word_ppl' not in out
 
 
@@ -618,8 +626,8 @@ def test_eval_with_a_longer_memory_than_training(trained):
     results = {}
     for eval_mem_len in (-1, 0, 4 * model_cfg.mem_len):
         cfg = train.TrainConfig(batch_size=2, eval_mem_len=eval_mem_len)
-        results[eval_mem_len] = train.evaluate(model, data, cfg, model_cfg, train.nullcontext(), 'cpu', 0, 1,
-                                               words=100)
+        results[eval_mem_len] = train.evaluate(model, train.EvalSet(data, words=100), train.Run(cfg),
+                                               model_cfg)
         assert results[eval_mem_len]['tokens'] == len(data) - 1
         assert math.isfinite(results[eval_mem_len]['loss'])
     assert len({r['loss'] for r in results.values()}) == 3            # the memory length is really used

