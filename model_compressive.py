@@ -2,61 +2,38 @@
 Compressive Transformer (Rae, Potapenko, Jayakumar, Lillicrap, ICLR 2020, "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv 1911.05507), in one file.
 
-Transformer-XL (model_xl.py) forgets a hidden state once it leaves the memory of mem_len slots. The Compressive
-Transformer keeps it in a second, coarser memory: per layer
-  - m, the FIFO memory of the last n_m = `mem_len` layer inputs, exactly Transformer-XL's, and
-  - cm, the compressed memory of n_cm = `cmem_len` slots: the states m evicts are compressed at rate
-    c = `compression_rate` by a per-layer compression function f_c and appended to cm (oldest out first).
-The segment attends to [cm ; m ; segment] with Transformer-XL's relative attention, so the attention span is
-n_cm + n_m keys while the temporal range is c·n_cm + n_m positions (§3, "Temporal range").
+Transformer-XL (model_xl.py) forgets a hidden state once it leaves its memory. The Compressive Transformer keeps
+it in a second, coarser memory: per layer, m is the FIFO memory of the last n_m = `mem_len` layer inputs (exactly
+Transformer-XL's) and cm the compressed memory of n_cm = `cmem_len` slots. The segment attends to [cm ; m ; h]
+with Transformer-XL's relative attention: n_cm + n_m keys reach c·n_cm + n_m positions back (§3.3).
 
-Algorithm 1 (per layer i, segment h of n_s tokens):
+Algorithm 1 (per layer i, segment h of n_s = `seg_len` tokens; its lines are cited in the code):
     mem     = concat(cm_t, m_t)                          line 5
     ã       = multihead_attention(h, mem)                line 6, relative positions as Transformer-XL
     old_mem = m_t[:n_s]                                  line 8, the oldest memories, about to be forgotten
-    new_cm  = f_c(old_mem)                               line 9, n_s/c compressed slots
+    new_cm  = f_c(old_mem)                               line 9, n_s/c compressed slots, c = `compression_rate`
     m_t+1   = concat(m_t, h)[-n_m:]                      line 10
     cm_t+1  = concat(cm_t, new_cm)[-n_cm:]               line 11
-Compression functions f_c (§3.1, flag `compression`): max_pool / mean_pool (kernel = stride = c), conv (a 1D
-convolution, kernel = stride = c), dilated_conv, most_used (keep the memories that received the most attention).
-f_c is trained by a local auxiliary loss (§3.1, flag `recon_loss`), not by backpropagation through time:
-`attention` (Algorithm 2: ‖attn(h, old_mem) − attn(h, f_c(old_mem))‖² with the layer's own attention weights,
-h and old_mem under stop-gradient, so only f_c learns from it), `autoencoding` (‖old_mem − g(f_c(old_mem))‖² with
-a learned decoder g), or `none`.
+f_c (§3.2, `compression`): max_pool, mean_pool, conv (kernel = stride = c), dilated_conv, most_used. It learns
+from a local loss (§3.2, `recon_loss`): `attention` (Algorithm 2), `autoencoding`, or `none` (then from the LM
+loss through time, see Model.forward). Worked example of the memory update: the "Algorithm 1" section below.
 
-Reading order: Config → Memory → small blocks (copied from model_xl.py on purpose) → compression functions →
-relative attention → block → model (init, forward, memory update with Algorithm 1 and 2, generate).
+Fixed shapes (torch.compile compiles once): m and cm are right-aligned tensors of n_m and n_cm slots with a
+valid-slot count per row. seg_len and mem_len must be multiples of c (every paper setting is), so every full
+segment evicts whole groups of c. A shorter segment, or an evaluation mem_len that is not a multiple of c,
+compresses ⌊n/c⌋ groups of the n states it evicts and forgets the oldest n mod c (f_c maps n memories to ⌊n/c⌋).
+cmem_len = 0 is Transformer-XL exactly (tested against model_xl.py).
 
-How this file makes Algorithm 1 fixed-shape (so torch.compile compiles once) and what it does at the edges:
-  - Both memories of a layer live in ONE right-aligned buffer [cm ; m] with two valid-slot counts per row. The
-    keys are the buffer's valid slots, contiguous, so relative distances never jump over empty slots; a
-    compressed slot counts as one position, as in the paper (attention over the concatenation, line 5).
-  - Only valid slots are ever compressed: what is compressed is what overflows m (n_m slots), so a memory that
-    is still filling up at the start of a stream evicts nothing. With n_s <= n_m this is line 8's m_t[:n_s].
-  - Remainder (n_s not a multiple of c, or an odd overflow while m fills up): m evicts whole groups of c only.
-    The r = overflow mod c newest of the overflowing states stay in m (which has room for n_m + c − 1 slots
-    when cmem_len > 0) and are compressed with the next eviction, in their FIFO order. So every state is
-    compressed exactly once, in groups of c consecutive positions, and is attended throughout (raw, then
-    compressed): nothing is duplicated or lost. With seg_len and mem_len multiples of c (every config here)
-    r is always 0 and m holds exactly n_m slots, as in the paper.
-  - cmem_len = 0 is Transformer-XL exactly (tested: same weights, same logits as model_xl.py).
-
-Deliberate deviations (also listed in the README):
-  - As model_xl.py: GPT-2 BPE tokens with a full tied softmax; pre_lnorm adds a final LayerNorm; fixed-shape
-    memory with valid-slot counts.
-  - The paper does not specify its dilated convolution; ours is described at DilatedConvCompression.
-  - most_used ranks the states being evicted by their average attention (attention mass received, mean over
-    heads, summed over every query that saw it, divided by the number of those queries) and keeps the
-    ⌊n/c⌋ most used, in time order; it needs the attention weights, so it always runs the manual attention.
-  - Algorithm 2's attn() is the layer's content attention (no positions, as the paper says) with the usual
-    1/sqrt(d_head) scale; the losses are mean squared errors, summed over layers.
-  - recon_loss='none': the compressed memory then keeps its graph (only through f_c, old_mem is stopped), so
-    with train.py's --bptt_segments=k > 1 the LM loss trains f_c by backpropagation through time, the option
-    the paper mentions and sets aside (§3.2); with k = 1 a learned f_c stays at its initialisation.
+Deliberate deviations (also in the README): as model_xl.py (BPE tokens, full tied softmax, pre_lnorm's final
+LayerNorm, valid-slot counts: a memory still filling up evicts nothing); our dilated_conv (see Compression);
+most_used ranks by average attention (mass received, mean over heads, divided by the queries that saw the slot)
+and always runs the manual attention; Algorithm 2's attn() uses the 1/sqrt(d_head) scale; the losses are mean
+squared errors summed over layers.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -77,8 +54,8 @@ class Config:
     d_inner: int = 2100       # position-wise feed-forward width
     dropout: float = 0.1      # on embeddings, attention output, feed-forward, final hidden states
     dropatt: float = 0.0      # on attention probabilities
-    seg_len: int = 150        # n_s, tokens per segment
-    mem_len: int = 150        # n_m, FIFO memory slots per layer; 0 = no memory (then nothing is compressed)
+    seg_len: int = 150        # n_s, tokens per segment (a multiple of compression_rate)
+    mem_len: int = 150        # n_m, FIFO memory slots per layer (a multiple of compression_rate); 0 = no memory
     clamp_len: int = 0        # relative distances above this share one embedding; 0 = no clamp
     same_length: bool = False  # every query attends to the same number (cmem_len + mem_len) of keys
     pre_lnorm: bool = False   # False: post-LN as in the paper; True: pre-LN (+ final LayerNorm)
@@ -88,7 +65,7 @@ class Config:
     # the Compressive Transformer's own
     cmem_len: int = 150       # n_cm, compressed memory slots per layer; 0 = Transformer-XL
     compression_rate: int = 3  # c: old memories per compressed slot (the paper: 3 on enwik8, 2 on PG-19)
-    compression: str = 'conv'  # f_c: max_pool, mean_pool, conv, dilated_conv, most_used (§3.1; conv was best)
+    compression: str = 'conv'  # f_c: max_pool, mean_pool, conv, dilated_conv, most_used (§3.2; conv was best)
     recon_loss: str = 'attention'  # f_c's loss: attention (Algorithm 2, the paper's best), autoencoding, none
     recon_weight: float = 1.0  # loss = LM loss + recon_weight * reconstruction loss
 
@@ -113,18 +90,29 @@ class Config:
             raise ValueError(f"recon_weight must be >= 0, got {self.recon_weight}")
         if self.cmem_len > 0 and self.mem_len == 0:
             raise ValueError("cmem_len > 0 needs mem_len > 0: the compressed memory is filled from the memory")
+        if self.cmem_len > 0 and (self.seg_len % self.compression_rate or self.mem_len % self.compression_rate):
+            raise ValueError(f"seg_len ({self.seg_len}) and mem_len ({self.mem_len}) must be multiples of "
+                             f"compression_rate ({self.compression_rate}): each segment evicts whole groups of c")
 
 
 @dataclass
 class Memory:
-    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once.
-    S = cmem_len + mem_len + (compression_rate - 1 if cmem_len else 0) slots per layer (see the module docstring
-    for the c - 1 spare slots). Slot order is time order; the valid slots are the last cmem_length + mem_length."""
-    mem: torch.Tensor          # (n_layer, B, S, n_embd) [cm ; m]: compressed memory, then each layer's input states
-    cmem_length: torch.Tensor  # (B,) int64, valid compressed slots (<= cmem_len)
-    mem_length: torch.Tensor   # (B,) int64, valid uncompressed slots (<= mem_len + c - 1)
-    attn_mass: torch.Tensor    # (n_layer, B, S) attention received by each slot so far (mean over heads; most_used)
-    attn_queries: torch.Tensor  # (B, S) how many queries have seen each slot (the mass's denominator)
+    """Fixed-shape recurrent state (shapes never change, so torch.compile compiles once). Each memory is
+    right-aligned, oldest first: its valid slots are the last `*_length` ones. Whenever cm holds anything, m is
+    full, so the valid slots of concat(cm, m) are contiguous (the keys of Algorithm 1, line 5)."""
+    cmem: torch.Tensor          # (n_layer, B, cmem_len, n_embd) cm: the compressed memory
+    cmem_length: torch.Tensor   # (B,) int64, valid compressed slots
+    mem: torch.Tensor           # (n_layer, B, mem_len, n_embd) m: each layer's input states, as Transformer-XL
+    mem_length: torch.Tensor    # (B,) int64, valid slots of m
+    attn_mass: torch.Tensor     # (n_layer, B, mem_len) attention m's slots received so far, mean over heads
+    attn_queries: torch.Tensor  # (B, mem_len) how many queries have seen each slot of m (most_used only)
+
+
+class Usage(NamedTuple):
+    """The attention a segment's keys [cm ; m ; h] received (most_used): the mass, mean over heads and summed
+    over queries, and how many queries saw each key."""
+    mass: torch.Tensor     # (n_layer, B, K)
+    queries: torch.Tensor  # (B, K)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -209,15 +197,16 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
     return idx
 
 
+
+
 # -----------------------------------------------------------------------------------------------------------
-# Compression functions f_c (§3.1)
+# Compression functions f_c (§3.2)
 
 
 class Compression(nn.Module):
-    """f_c^{(i)}, one layer's compression function. It maps groups of c consecutive old memories to one
-    compressed memory each: groups (B, G, c, C) -> (B, G, C). Row b's real groups are its last n_new[b] (the
-    rest is padding, so the shapes are fixed); usage (B, G*c) is the average attention each old memory received
-    (most_used only).
+    """f_c^{(i)}, one layer's compression function: groups of c consecutive old memories (B, G, c, C) -> one
+    compressed memory each (B, G, C). Row b's real groups are its last n_new[b] (the rest is padding: fixed
+    shapes); usage (B, G*c) is the average attention each old memory received (most_used only).
       max_pool, mean_pool  pooling over time, kernel = stride = c (no parameters)
       conv                 Conv1d over time, kernel = stride = c, n_embd channels in and out
       dilated_conv         the paper gives no details; ours is a WaveNet-style tree over each group: ⌈log2 c⌉
@@ -249,9 +238,9 @@ class Compression(nn.Module):
             x = self.conv(x)                                      # (B*G, C, 1)
         else:
             x = F.pad(x, (self.width - c, 0))                     # (B*G, C, 2^levels), zeros before the group
-            for n, conv in enumerate(self.convs):
-                x = conv(x)                                       # length shrinks by the dilation 2^n
-                if n < len(self.convs) - 1:
+            for level, conv in enumerate(self.convs):
+                x = conv(x)                                       # length shrinks by the dilation 2^level
+                if level < len(self.convs) - 1:
                     x = F.relu(x)                                 # (B*G, C, 1) after the last level
         return x.reshape(B, G, C)
 
@@ -270,6 +259,69 @@ class Compression(nn.Module):
         slot = torch.where(keep, slot, G)                                                   # the rest: slot G, dropped
         out = candidates.new_zeros(B, G + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), candidates)
         return out[:, :G]
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The memory update: Algorithm 1, lines 8-11, as small pure functions on fixed-shape tensors. Every memory is
+# right-aligned with a valid-slot count per row; Model._update_memory runs them for all layers at once.
+#
+# Worked example: n_s = seg_len = 4, n_m = mem_len = 8, n_cm = cmem_len = 4, c = compression_rate = 2; one row
+# of one layer; "k" is the state of token k, "_" an empty slot, f(a,b) the slot f_c makes of states a and b.
+#   segment 1, tokens 0-3    concat(m, h) = [_ _ _ _ _ _ _ _ | 0 1 2 3]
+#                            m = its last 8 = [_ _ _ _ 0 1 2 3]; the 4 that fall out are empty: nothing to compress
+#   segment 2, tokens 4-7    m = [0 1 2 3 4 5 6 7], full; again only empty slots fall out
+#   segment 3, tokens 8-11   concat(m, h) = [0 1 2 3 4 5 6 7 | 8 9 10 11]
+#                            old_mem = the 4 that fall out = [0 1 2 3] = m_t[:n_s]               line 8
+#                            groups of c: (0 1) (2 3) -> new_cm = [f(0,1) f(2,3)]                  line 9
+#                            m = [4 5 6 7 8 9 10 11]                                             line 10
+#                            cm = last 4 of [_ _ _ _ | f(0,1) f(2,3)] = [_ _ f(0,1) f(2,3)]       line 11
+#   segment 4, tokens 12-15  old_mem = [4 5 6 7]; cm = [f(0,1) f(2,3) f(4,5) f(6,7)], full
+#   segment 5, tokens 16-19  old_mem = [8 9 10 11]; cm = [f(4,5) f(6,7) f(8,9) f(10,11)]: f(0,1), f(2,3) are gone
+#   segment 6 attends to [cm ; m ; h]: 4 + 8 memory keys reaching c·4 + 8 = 16 tokens back.
+# cm fills only once m is full, and m stays full from then on, so the valid slots of concat(cm, m) are contiguous
+# and every new_cm pushed into a non-empty cm is whole (no padding in between).
+
+
+def right_aligned(n_slots, length):
+    """(B, n_slots) bool: the valid slots of a right-aligned memory of n_slots holding length (B,) entries."""
+    return torch.arange(n_slots, device=length.device)[None, :] >= (n_slots - length)[:, None]
+
+
+def push_fifo(slots, new):
+    """concat(slots, new)[-n:] with n = slots.size(2) (lines 10 and 11), and the new.size(2) oldest slots, which
+    fall out (line 8: old_mem = m_t[:n_s]). slots (L, B, n, ...), new (L, B, T, ...): states or per-slot values."""
+    T = new.size(2)
+    both = torch.cat([slots, new], dim=2)                         # (L, B, n+T, ...)
+    return both[:, :, T:], both[:, :, :T]
+
+
+def group_evicted(old_mem, n_old, rate):
+    """Line 9's input: the T slots that fell out of m, (L, B, T, ...) of which the last n_old (B,) are states,
+    as groups of c consecutive slots (L, B, T // c, c, ...), and how many groups (the last ones) are real (B,).
+    With T and n_old multiples of c that is every evicted state; else the oldest n_old mod c are forgotten."""
+    L, B, T = old_mem.shape[:3]
+    G = T // rate
+    return old_mem[:, :, T - G * rate:].reshape(L, B, G, rate, *old_mem.shape[3:]), n_old // rate
+
+
+def compress(layers, groups, n_new, usage):
+    """Line 9: new_cm = f_c(old_mem) per layer. groups (L, B, G, c, C), the last n_new (B,) real; usage
+    (L, B, G*c) for most_used, else None. -> (L, B, G, C), zero where a group is padding."""
+    new_cm = torch.stack([layer.compress(groups[n], n_new, None if usage is None else usage[n])
+                          for n, layer in enumerate(layers)])
+    return torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)
+
+
+def accumulate_usage(attn_mass, attn_queries, usage, cmem_len):
+    """most_used's bookkeeping for m: add the attention this segment's keys [cm ; m ; h] received (usage) to the
+    running mass and query count of m's slots, and push them through the FIFO as the states are. Returns the
+    new attn_mass (L, B, n_m), attn_queries (B, n_m) and the average usage of the T slots that fell out (L, B, T)."""
+    n_m = attn_mass.size(2)
+    mass, old_mass = push_fifo(attn_mass + usage.mass[:, :, cmem_len:cmem_len + n_m],
+                               usage.mass[:, :, cmem_len + n_m:])
+    seen, old_seen = push_fifo((attn_queries + usage.queries[:, cmem_len:cmem_len + n_m])[None],
+                               usage.queries[None, :, cmem_len + n_m:])
+    return mass.contiguous(), seen[0].contiguous(), old_mass / old_seen.clamp(min=1)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -292,6 +344,10 @@ def rel_shift(x):
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
 
 
+
+
+# Copied from model_xl.py (RelMultiHeadAttn) with forward(..., attn_mask) -> forward(..., attn_mask, need_usage),
+# which also returns the attention mass each key received (most_used; manual path), and content_attention added
 class RelMultiHeadAttn(nn.Module):
     """Multi-head attention with Transformer-XL relative positions (§3.3 of Dai et al.), its residual and
     LayerNorm: model_xl.py's, plus the attention mass each key receives (for most_used) and Algorithm 2's
@@ -388,6 +444,8 @@ class RelMultiHeadAttn(nn.Module):
         return torch.einsum('bhij,bhjd->bhid', F.softmax(score.float(), dim=-1).to(v.dtype), v)
 
 
+# Copied from model_xl.py (Block) with f_c (compress) and g (decoder, autoencoding only) added per layer, and
+# need_usage passed through to the attention
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -401,6 +459,34 @@ class Block(nn.Module):
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
         h, kv, usage = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage)
         return self.ff(h), kv, usage
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The auxiliary compression losses (§3.2)
+
+
+def reconstruction_loss(kind, layers, hids, groups, new_cm, n_new):
+    """f_c's local loss, summed over layers (Algorithm 2, line 8) and averaged over the rows that compressed
+    something in this segment. hids (L, B, T, C): the layers' inputs h; groups (L, B, G, c, C): old_mem, under
+    stop-gradient (line 4); new_cm (L, B, G, C) carries the graph of f_c, which is all this loss trains.
+      attention     Algorithm 2: ‖attn(h, old_mem) − attn(h, new_cm)‖², h under stop-gradient (line 3)
+      autoencoding  ‖old_mem − g(new_cm)‖², g the layer's decoder"""
+    L, B, G, rate, C = groups.shape
+    real = right_aligned(G, n_new)                                # (B, G) real groups
+    rows = (n_new > 0).float()
+    total = 0.0
+    for n, layer in enumerate(layers):
+        if kind == 'attention':
+            h = hids[n].detach()
+            target = layer.attn.content_attention(h, groups[n].reshape(B, G * rate, C),
+                                                  real.repeat_interleave(rate, dim=1))
+            error = (target - layer.attn.content_attention(h, new_cm[n], real)).float().pow(2).mean((1, 2, 3))
+        else:
+            decoded = layer.decoder(new_cm[n]).view(B, G, rate, C)
+            error = ((groups[n] - decoded).float().pow(2) * real[:, :, None, None]).sum((1, 2, 3))
+            error = error / (n_new * rate * C).clamp(min=1)
+        total = total + (error * rows).sum() / rows.sum().clamp(min=1)
+    return total
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -441,129 +527,55 @@ class Model(nn.Module):
 
     # --- memory -------------------------------------------------------------------------------------------
 
-    def _spare(self):
-        """Extra FIFO slots for an overflow that is not a whole number of groups (module docstring)."""
-        return self.config.compression_rate - 1 if self.config.cmem_len > 0 else 0
-
     def init_memory(self, batch_size, device, mem_len=None):
         """Empty memory for batch_size fresh streams (Algorithm 1, lines 1-2). mem_len overrides config.mem_len
         (n_m, e.g. a longer one at eval); the compressed memory keeps cmem_len slots."""
-        c = self.config
-        M = c.mem_len if mem_len is None else mem_len
-        S = c.cmem_len + M + self._spare()
+        L, B, C, n_cm = self.config.n_layer, batch_size, self.config.n_embd, self.config.cmem_len
+        n_m = self.config.mem_len if mem_len is None else mem_len
         dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
-        return Memory(mem=torch.zeros(c.n_layer, batch_size, S, c.n_embd, device=device, dtype=dtype),
-                      cmem_length=torch.zeros(batch_size, dtype=torch.long, device=device),
-                      mem_length=torch.zeros(batch_size, dtype=torch.long, device=device),
-                      attn_mass=torch.zeros(c.n_layer, batch_size, S, device=device, dtype=dtype),
-                      attn_queries=torch.zeros(batch_size, S, device=device, dtype=dtype))
+        zeros = lambda *shape, dtype=dtype: torch.zeros(*shape, device=device, dtype=dtype)   # noqa: E731
+        return Memory(cmem=zeros(L, B, n_cm, C), cmem_length=zeros(B, dtype=torch.long), mem=zeros(L, B, n_m, C),
+                      mem_length=zeros(B, dtype=torch.long), attn_mass=zeros(L, B, n_m), attn_queries=zeros(B, n_m))
 
     def reset_memory(self, memory, mask):
         """Empty both memories of the rows where mask (B,) is True, e.g. at a document boundary."""
-        keep = ~mask
-        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype),
-                      cmem_length=memory.cmem_length * keep, mem_length=memory.mem_length * keep,
-                      attn_mass=memory.attn_mass * keep[None, :, None].to(memory.attn_mass.dtype),
-                      attn_queries=memory.attn_queries * keep[:, None].to(memory.attn_queries.dtype))
+        keep = (~mask).to(memory.mem.dtype)
+        return Memory(cmem=memory.cmem * keep[None, :, None, None], cmem_length=memory.cmem_length * ~mask,
+                      mem=memory.mem * keep[None, :, None, None], mem_length=memory.mem_length * ~mask,
+                      attn_mass=memory.attn_mass * keep[None, :, None], attn_queries=memory.attn_queries * keep[:, None])
 
     @staticmethod
     def _memory_valid(memory):
-        """(B, S) bool: the valid slots of the [cm ; m] buffer, the last cmem_length + mem_length."""
-        S = memory.mem.size(2)
-        first = S - memory.cmem_length - memory.mem_length
-        return torch.arange(S, device=first.device)[None, :] >= first[:, None]
+        """(B, S) bool: the valid slots of concat(cm, m), S = cmem_len + mem_len (contiguous: see Memory)."""
+        return torch.cat([right_aligned(memory.cmem.size(2), memory.cmem_length),
+                          right_aligned(memory.mem.size(2), memory.mem_length)], dim=1)
 
-    def _update_memory(self, memory, hids, usage, queries, recon):
-        """Algorithm 1, lines 8-11, for every layer at once and with fixed shapes.
-        hids: (L, B, T, C) this segment's layer inputs h. usage: (L, B, S+T) attention mass each key received in
-        this segment and queries: (B, S+T) how many queries saw it (most_used only, else None). recon: compute
-        the reconstruction loss. Returns the new Memory and the reconstruction loss (or None)."""
-        c = self.config
-        L, B, S, C = memory.mem.shape
+    def _update_memory(self, memory, hids, usage, recon):
+        """Algorithm 1, lines 8-11, for every layer at once, with the functions above (worked example there).
+        hids (L, B, T, C): this segment's layer inputs h; usage: the attention its keys received (most_used,
+        else None); recon: compute the reconstruction loss. Returns the new Memory and that loss (or None)."""
+        config, rate = self.config, self.config.compression_rate
         T = hids.size(2)
-        N, rate = c.cmem_len, c.compression_rate
-        M = S - N - self._spare()                                 # n_m (init_memory's mem_len)
-        x = torch.cat([memory.mem, hids.detach().to(memory.mem.dtype)], dim=2)   # (L, B, S+T, C) [cm ; m ; h], SG
-        n_m = memory.mem_length + T                               # uncompressed states in x, right-aligned (B,)
-        if N == 0:                                                # Transformer-XL: keep the last M, drop the rest
-            new_mem, n_cm, n_keep = self._pack(memory, x, x.new_zeros(L, B, 0, C), 0, 0, n_m.clamp(max=M))
-            return Memory(new_mem.detach(), n_cm, n_keep, memory.attn_mass, memory.attn_queries), None
-
-        # line 8: old_mem = the oldest states that overflow m, in whole groups of c (the rest stays in m)
-        n_new = (n_m - M).clamp(min=0) // rate                    # compressed slots to add (B,)
-        G = (T + rate - 1) // rate                                # the most there can be (overflow <= T + c - 1)
-        group = torch.arange(G, device=x.device)[None, :] - (G - n_new)[:, None]   # (B, G) k-th group, < 0: padding
-        index = ((S + T - n_m)[:, None, None] + group[..., None] * rate
-                 + torch.arange(rate, device=x.device))           # (B, G, c) positions in x, oldest first
-        index = index.clamp(min=0).view(1, B, G * rate)
-        old_mem = torch.gather(x, 2, index[..., None].expand(L, -1, -1, C)).view(L, B, G, rate, C)
-
-        average_usage = None
-        if usage is not None:                                     # running mass / queries per slot, then this one's
-            mass = torch.cat([memory.attn_mass, memory.attn_mass.new_zeros(L, B, T)], dim=2) + usage   # (L, B, S+T)
-            seen = torch.cat([memory.attn_queries, memory.attn_queries.new_zeros(B, T)], dim=1) + queries  # (B, S+T)
-            average_usage = torch.gather(mass / seen.clamp(min=1), 2, index.expand(L, -1, -1))        # (L, B, G*c)
-        # line 9: new_cm = f_c(old_mem), per layer
-        new_cm = torch.stack([layer.compress(old_mem[n], n_new, None if usage is None else average_usage[n])
-                              for n, layer in enumerate(self.layers)])                                # (L, B, G, C)
-        recon_loss = self._recon_loss(hids, old_mem, new_cm, n_new) if recon and c.recon_loss != 'none' else None
-
-        # lines 10-11: m keeps its newest states, cm appends new_cm and keeps its last N
-        keep_graph = c.recon_loss == 'none' and self.training     # f_c then learns by BPTT (module docstring)
-        new_mem, n_cm, n_keep = self._pack(memory, x, new_cm if keep_graph else new_cm.detach(), n_new,
-                                           N, n_m - n_new * rate)
-        attn_mass, attn_queries = memory.attn_mass, memory.attn_queries
-        if usage is not None:                                     # the new compressed slots start at zero
-            attn_mass, _, _ = self._pack(memory, mass, mass.new_zeros(L, B, G), n_new, N, n_m - n_new * rate)
-            attn_queries, _, _ = self._pack(memory, seen[None], seen.new_zeros(1, B, G), n_new, N,
-                                            n_m - n_new * rate)
-            attn_queries = attn_queries[0]
-        return Memory(new_mem, n_cm, n_keep, attn_mass, attn_queries), recon_loss
-
-    @staticmethod
-    def _pack(memory, x, new_cm, n_new, N, n_keep):
-        """Write the new right-aligned buffer [cm ; m] of S slots: the last N of [old cm ; new_cm] then the last
-        n_keep uncompressed states of x. x: (L, B, S+T, ...) the old buffer followed by this segment's h;
-        new_cm: (L, B, G, ...) right-aligned, n_new (B,) real. Works on vectors and on per-slot scalars.
-        Returns (L, B, S, ...) with zeros in the empty slots, and the new counts n_cm, n_keep."""
-        L, B, S_T = x.shape[:3]
-        G = new_cm.size(2)
-        S = memory.mem.size(2)
-        cl, ml = memory.cmem_length, memory.mem_length
-        n_cm = (cl + n_new).clamp(max=N)                          # (B,)
-        p = torch.arange(S, device=x.device)[None, :] - (S - n_cm - n_keep)[:, None]   # (B, S) place in the result
-        q = p + (cl + n_new - n_cm)[:, None]                      # place in [old cm ; new_cm] (the compressed part)
-        from_cm = torch.where(q < cl[:, None], (S - ml - cl)[:, None] + q,        # an old compressed slot, in x
-                              (S_T + G - n_new - cl)[:, None] + q)                # a new one, in new_cm
-        from_m = (S_T - n_keep - n_cm)[:, None] + p               # an uncompressed state, in x
-        index = torch.where(p < n_cm[:, None], from_cm, from_m)
-        valid = p >= 0
-        index = torch.where(valid, index, 0).view(1, B, S, *[1] * (x.dim() - 3))
-        source = torch.cat([x, new_cm], dim=2)                    # (L, B, S+T+G, ...)
-        out = torch.gather(source, 2, index.expand(L, -1, -1, *x.shape[3:]))
-        valid = valid.view(1, B, S, *[1] * (x.dim() - 3))
-        return torch.where(valid, out, 0).contiguous(), n_cm, n_keep
-
-    def _recon_loss(self, hids, old_mem, new_cm, n_new):
-        """§3.1's auxiliary losses, summed over layers (Algorithm 2, line 8), averaged over the rows that
-        compressed something in this segment. old_mem (L, B, G, c, C) is under stop-gradient (line 4); new_cm
-        (L, B, G, C) carries the graph of f_c, which is all this loss trains."""
-        L, B, G, rate, C = old_mem.shape
-        real = torch.arange(G, device=old_mem.device)[None, :] >= (G - n_new)[:, None]   # (B, G) real groups
-        rows = (n_new > 0).float()
-        total = 0.0
-        for n, layer in enumerate(self.layers):
-            if self.config.recon_loss == 'attention':             # Algorithm 2, h under stop-gradient (line 3)
-                h = hids[n].detach()
-                target = layer.attn.content_attention(h, old_mem[n].reshape(B, G * rate, C),
-                                                      real.repeat_interleave(rate, dim=1))
-                error = (target - layer.attn.content_attention(h, new_cm[n], real)).float().pow(2).mean((1, 2, 3))
-            else:                                                 # auto-encoding: ‖old_mem − g(new_cm)‖²
-                decoded = layer.decoder(new_cm[n]).view(B, G, rate, C)
-                error = ((old_mem[n] - decoded).float().pow(2) * real[:, :, None, None]).sum((1, 2, 3))
-                error = error / (n_new * rate * C).clamp(min=1)
-            total = total + (error * rows).sum() / rows.sum().clamp(min=1)
-        return total
+        mem, old_mem = push_fifo(memory.mem, hids.detach().to(memory.mem.dtype))   # lines 10 and 8, SG(h)
+        mem_length = (memory.mem_length + T).clamp(max=memory.mem.size(2))
+        n_old = memory.mem_length + T - mem_length                # states that fell out of m (B,), right-aligned
+        if config.cmem_len == 0:                                  # Transformer-XL: they are forgotten
+            return Memory(memory.cmem, memory.cmem_length, mem.contiguous(), mem_length, memory.attn_mass,
+                          memory.attn_queries), None
+        attn_mass, attn_queries, old_usage = memory.attn_mass, memory.attn_queries, None
+        if usage is not None:
+            attn_mass, attn_queries, old_usage = accumulate_usage(attn_mass, attn_queries, usage, config.cmem_len)
+            old_usage = group_evicted(old_usage, n_old, rate)[0].flatten(2)               # (L, B, G*c)
+        groups, n_new = group_evicted(old_mem, n_old, rate)      # (L, B, G, c, C), n_new (B,) real groups
+        new_cm = compress(self.layers, groups, n_new, old_usage)  # line 9, (L, B, G, C)
+        recon_loss = None
+        if recon and config.recon_loss != 'none':
+            recon_loss = reconstruction_loss(config.recon_loss, self.layers, hids, groups, new_cm, n_new)
+        keep_graph = config.recon_loss == 'none' and self.training   # f_c learns by BPTT (forward)
+        cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())      # line 11
+        cmem_length = (memory.cmem_length + n_new).clamp(max=config.cmem_len)
+        return Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length, attn_mass,
+                      attn_queries), recon_loss
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) ----------------------------------
 
@@ -588,12 +600,9 @@ class Model(nn.Module):
             allowed = allowed & (distance < max(mem_len, 1))
         return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
 
-    def _u_v(self, i):
-        n = i if self.config.untie_r else 0
+    def _u_v(self, n):
+        n = n if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
-
-    def _needs_usage(self):
-        return self.config.cmem_len > 0 and self.config.compression == 'most_used'
 
     # --- forward ------------------------------------------------------------------------------------------
 
@@ -603,27 +612,25 @@ class Model(nn.Module):
         B, T = idx.shape
         if T > self.config.seg_len:
             raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
-        S = memory.mem.size(2)
-        K = S + T
-        key_valid = torch.cat([self._memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)  # (B, K)
-        attn_mask = self._attn_mask(key_valid, T, S - self._spare())   # (B, 1, T, K); window cmem_len + mem_len
-        r = self._relative_positions(K, idx.device)               # (K, C)
-        need_usage = self._needs_usage()
+        mem = torch.cat([memory.cmem, memory.mem], dim=2)         # (L, B, S, C) concat(cm, m), line 5
+        S = mem.size(2)
+        key_valid = torch.cat([self._memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)  # (B, S+T)
+        attn_mask = self._attn_mask(key_valid, T, S)              # (B, 1, T, S+T); window cmem_len + mem_len
+        r = self._relative_positions(S + T, idx.device)           # (S+T, C)
+        need_usage = self.config.cmem_len > 0 and self.config.compression == 'most_used'
 
         h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^(1) (line 3)
         hids, usage = [], []
         for n, layer in enumerate(self.layers):                   # line 4
             hids.append(h)                                        # layer n's input: its memory to be
-            mem_kv = layer.attn.keys_values(memory.mem[n])        # (B, H, S, D) x2, keys/values of [cm ; m] (line 5)
+            mem_kv = layer.attn.keys_values(mem[n])               # (B, H, S, D) x2, keys/values of concat(cm, m)
             h, _, layer_usage = layer(h, mem_kv, r, *self._u_v(n), attn_mask, need_usage)   # lines 6-7, 12
             usage.append(layer_usage)
         h = self.drop(self.ln_f(h))
         logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer
 
-        queries = attn_mask.sum((1, 2)).to(memory.attn_queries.dtype) if need_usage else None   # (B, K)
-        new_memory, recon_loss = self._update_memory(memory, torch.stack(hids),                  # lines 8-11
-                                                     torch.stack(usage) if need_usage else None, queries,
-                                                     recon=targets is not None)
+        usage = Usage(torch.stack(usage), attn_mask.sum((1, 2)).to(memory.attn_queries.dtype)) if need_usage else None
+        new_memory, recon_loss = self._update_memory(memory, torch.stack(hids), usage, recon=targets is not None)
         loss, aux = None, {}
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -631,6 +638,11 @@ class Model(nn.Module):
             if recon_loss is not None:
                 aux['recon_loss'] = recon_loss.detach()
                 loss = loss + self.config.recon_weight * recon_loss
+            elif self.training and self.config.cmem_len > 0:
+                # recon_loss='none': the LM loss trains f_c through time (§3.2; Table 5's "BPTT" row): new_cm keeps
+                # f_c's graph for the later segments of train.py's --bptt_segments window. None may reach it (a
+                # window of 1, a filling memory) and DDP waits for every gradient: f_c joins with weight 0.
+                loss = loss + 0.0 * sum(p.sum() for layer in self.layers for p in layer.compress.parameters())
         return logits, loss, new_memory, aux
 
     # --- bookkeeping for train.py -------------------------------------------------------------------------
@@ -639,66 +651,58 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU, as model_xl.py's with the cmem_len + mem_len
-        memory keys; f_c's weights are counted once per token (about one compression input per token), the
-        reconstruction loss is left out."""
-        c = self.config
-        M = (c.mem_len if mem_len is None else mem_len) + c.cmem_len
-        T, K, HD = c.seg_len, M + c.seg_len, c.n_head * c.d_head
-        attention = 6 * 3 * c.n_layer * HD * K
-        per_segment = 6 * c.n_layer * (2 * M * c.n_embd * HD + K * c.n_embd * HD) / T
+        """Training FLOPs per token (MFU), as model_xl.py's with cmem_len + mem_len memory keys; f_c's weights count
+        once per token (about one compression input per token), the reconstruction loss not at all."""
+        config = self.config
+        S = (config.mem_len if mem_len is None else mem_len) + config.cmem_len
+        T, K, HD = config.seg_len, S + config.seg_len, config.n_head * config.d_head
+        attention = 6 * 3 * config.n_layer * HD * K
+        per_segment = 6 * config.n_layer * (2 * S * config.n_embd * HD + K * config.n_embd * HD) / T
         return 6 * self.num_params() + attention + per_segment
 
     # --- generation ---------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
-        Keys and values are cached: each new token costs one position's work. The open segment's layer inputs
-        (and, for most_used, the attention its keys received) are kept too, and when seg_len tokens are complete
-        the memory is updated by the same _update_memory as forward() (Algorithm 1, compression included).
-        callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
-        c = self.config
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. Keys and
+        values are cached, and so are the open segment's layer inputs (and, for most_used, its usage): when seg_len
+        tokens are complete, _update_memory runs as in forward(). callback(tokens (B, 1)): after each sampled token."""
+        config = self.config
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)
-        L, S = c.n_layer, memory.mem.size(2)
-        need_usage = self._needs_usage()
-        cache = key_valid = hids = usage = queries = None
-        seg_pos = 0                                                     # tokens of the open segment
+        S = config.cmem_len + memory.mem.size(2)
+        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
+        cache = key_valid = hids = usage = None                         # the open segment
 
         def open_segment():
-            nonlocal cache, key_valid, hids, usage, queries, seg_pos
-            cache = [layer.attn.keys_values(memory.mem[n]) for n, layer in enumerate(self.layers)]
-            key_valid = self._memory_valid(memory)                      # (B, S)
-            hids = [[] for _ in range(L)]
-            usage = memory.attn_mass.new_zeros(L, B, S + c.seg_len)
-            queries = memory.attn_queries.new_zeros(B, S + c.seg_len)
-            seg_pos = 0
+            nonlocal cache, key_valid, hids, usage
+            mem = torch.cat([memory.cmem, memory.mem], dim=2)           # (L, B, S, C) concat(cm, m)
+            cache = [layer.attn.keys_values(mem[n]) for n, layer in enumerate(self.layers)]
+            key_valid, hids = self._memory_valid(memory), []            # (B, S); [(L, B, T, C) per step]
+            usage = Usage(memory.attn_mass.new_zeros(config.n_layer, B, S + config.seg_len),
+                          memory.attn_queries.new_zeros(B, S + config.seg_len))
 
         def step(tokens):
-            nonlocal memory, key_valid, seg_pos
+            nonlocal memory, key_valid
             T = tokens.size(1)
             key_valid = torch.cat([key_valid, key_valid.new_ones(B, T)], dim=1)
             K = key_valid.size(1)
-            attn_mask = self._attn_mask(key_valid, T, S - self._spare())
+            attn_mask = self._attn_mask(key_valid, T, S)
             r = self._relative_positions(K, tokens.device)
-            h = self.drop(self.word_emb(tokens))
+            h, layer_inputs = self.drop(self.word_emb(tokens)), []
             for n, layer in enumerate(self.layers):
-                hids[n].append(h)
+                layer_inputs.append(h)
                 h, cache[n], layer_usage = layer(h, cache[n], r, *self._u_v(n), attn_mask, need_usage)
                 if need_usage:
-                    usage[n, :, :K] += layer_usage
-            if need_usage:
-                queries[:, :K] += attn_mask.sum((1, 2))
-            seg_pos += T
-            if seg_pos == c.seg_len:                                    # segment complete: update as forward()
-                memory, _ = self._update_memory(memory, torch.stack([torch.cat(hs, dim=1) for hs in hids]),
-                                                usage if need_usage else None, queries if need_usage else None,
+                    usage.mass[n, :, :K] += layer_usage
+            usage.queries[:, :K] += attn_mask.sum((1, 2))
+            hids.append(torch.stack(layer_inputs))
+            if K == S + config.seg_len:                                 # segment complete: update as forward()
+                memory, _ = self._update_memory(memory, torch.cat(hids, dim=2), usage if need_usage else None,
                                                 recon=False)
                 open_segment()
-            h = self.ln_f(h[:, -1])
-            return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)  # (B, V) logits of the last position
 
         open_segment()
-        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
+        return decode(step, idx, max_new_tokens, config.seg_len, temperature, top_k, callback)

@@ -4,24 +4,28 @@ in one file.
 
 A Transformer-XL (short-term memory, STM: the last `mem_len` hidden states of every layer, relative positions)
 whose attention also reads a continuous long-term memory (LTM) of fixed size, however long the text:
-  §3.1 Continuous attention. The LTM of a layer is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1], where ψ are N Gaussian
-       RBFs and B (N × e) is fitted by ridge regression to the vectors it stores (Eqs. 5, 7: Bᵀ = XᵀG). Each
-       head reads it with a Gaussian density N(t; μ, σ²) whose μ, σ² come from its query's scores against the
-       keys K = B W^K (Eqs. 8-9); the value is E_p[V̄(t)] = Vᵀ E_p[ψ(t)], V = B W^V, in closed form (Eq. 10).
-       The LTM's output (Eq. 11) is added to the STM attention's before the residual: Z = Z_T + Z_LTM (Eq. 12).
+  §3.1 Continuous attention. The LTM of a layer is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1] (Eq. 7), where ψ are N
+       Gaussian RBFs and B (N × e, `ltm_B`) is fitted by ridge regression to the vectors it stores (Eq. 5:
+       Bᵀ = XᵀG). Each head reads it with a Gaussian density N(t; μ, σ²) whose μ (Eq. 9) and σ² (Eq. 10) come
+       from its query's scores against the keys B W^K (Eq. 8); the value is E_p[V̄(t)] = (B W^V)ᵀ E_p[ψ(t)], in
+       closed form (Eq. 11). The heads' values are projected by W^O into Z_LTM, which is added to the STM
+       attention's output before the residual: Z = Z_T + Z_LTM (Eq. 12).
   §3.2 Unbounded memory. The vectors that leave the STM enter the LTM: the old signal is evaluated at M =
        `n_samples` points, squeezed into [0, τ] (Eqs. 13-14), the new vectors go into ]τ, 1] (Eq. 15), and one
        ridge regression over both gives the new B (Eq. 5 again). B's size never changes.
   §3.3 Sticky memories (`sticky=True`). The M points are drawn from a histogram of the attention the previous
-       step paid to each of D bins of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
+       step paid to each bin of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
   §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 18); a KL term pulls every
-       attention density's σ² toward σ₀² (Eqs. 20-21, weight `kl_weight`).
-Equation numbers are those of the arXiv v3 text, counted in order of appearance from the ones it cites itself
-(Eq. 5 ridge regression, Eq. 6 c = E_p[X̄], Eq. 14 x_m = Bᵀψ(t_m/τ), Eq. 16 the sticky histogram).
+       attention density's σ² toward σ₀² (Eq. 20, added to the loss by Eq. 21, weight `kl_weight`).
+Equation and section numbers are the paper's (arXiv v3), counted over its display equations (seeds/000 holds a
+copy whose tags were lost) and checked against its own references: Eq. 2 (softmax attention), 5 (ridge
+regression), 6 (c = E_p[X̄(t)]), 14 (x_m = Bᵀψ(t_m/τ)) and 16 (the sticky histogram) land where the count puts
+them, which makes μ and σ² two equations (9, 10). Eqs. 20-21 are counted past the NLL objective, which that copy
+lost: not confirmed by a reference in the text.
 
 Reading order: Config → Memory → small blocks (copied between model files on purpose) → the basis functions and
-the ridge regression → continuous (LTM) attention → relative attention with the LTM → block → model (init, LTM
-write, forward, memory update, generate).
+the ridge regression → sticky memories → the LTM's read-out (LongTermAttention) and write (LongTermMemory) →
+relative attention with the LTM → block → model (init, memory update, forward, generate).
 
 Deliberate deviations (also in the README):
   - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.
@@ -35,10 +39,15 @@ Deliberate deviations (also in the README):
     "augment" part of mems) and enter the LTM at the start of the next step, seg_len at a time, so every write
     uses one precomputed G. With segments of seg_len (training) this is the authors' schedule exactly; with
     shorter segments (eval_seg_len, generate) vectors wait until seg_len of them have left the STM.
+
+Letters: B batch, T tokens of this call, C n_embd (the paper's e), H heads, D d_head, N n_basis, L seg_len,
+M n_samples, S slots of Memory.mem, K keys of the STM attention. The paper's coefficient matrix B is `ltm_B`,
+its STM length L_STM is `mem_len`, and its D histogram bins are `n_bins` (`sticky_bins`).
 """
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -70,11 +79,11 @@ class Config:
     ridge_lambda: float = 0.5        # λ of the ridge regression (Eq. 5); the authors use 0.5 (LM) and 1 (sorting)
     unbounded: bool = True           # §3.2: keep the old signal (False: each write replaces B, §3.1 alone)
     tau: float = 0.5                 # τ: the old signal is squeezed into [0, τ] (0.5 LM, 0.75 sorting)
-    n_samples: int = 150             # M: points at which the old signal is evaluated
+    n_samples: int = 150             # M: points at which the old signal is evaluated (Eq. 14)
     sticky: bool = False             # §3.3 sticky memories: sample the M points from the last attention
-    sticky_bins: int = 128           # D bins of the attention histogram
-    cnn_gate: bool = True            # §3.4: X̃ = sigmoid(Conv1d_k3(X)) ⊙ X before the regression
-    kl_weight: float = 1e-6          # λ_KL (the authors' runs); 0 = off
+    sticky_bins: int = 128           # bins of the attention histogram (the paper's D, Eq. 16)
+    cnn_gate: bool = True            # §3.4, Eq. 18: X̃ = sigmoid(Conv1d_k3(X)) ⊙ X before the regression
+    kl_weight: float = 1e-6          # λ_KL of Eq. 21 (1e-6 in the authors' runs); 0 = off
     sigma_0: float = 0.05            # σ₀ of the KL prior N(μ, σ₀²)
 
     def __post_init__(self):
@@ -118,7 +127,7 @@ class Memory:
     mem: torch.Tensor          # (n_layer, B, S, n_embd) each layer's input hidden states, oldest first
     length: torch.Tensor       # (B,) int64, how many of the S slots (the most recent ones) are valid
     ltm_pending: torch.Tensor  # (B,) int64, how many vectors that left the STM wait for the LTM
-    ltm_B: torch.Tensor        # (n_layer, B, n_basis, n_embd) the LTM's coefficients B (Eq. 5)
+    ltm_B: torch.Tensor        # (n_layer, B, n_basis, n_embd) the coefficient matrix of the LTM signal (Eq. 5)
     ltm_written: torch.Tensor  # (B,) int64, 1 once something was written to the row's LTM (0: its term is masked)
     ltm_hist: torch.Tensor     # (n_layer, B, sticky_bins) last step's attention histogram over [0, 1] (Eq. 16)
     ltm_rng: torch.Tensor      # (B,) int64, the state of the sticky memories' random numbers
@@ -207,7 +216,7 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
 
 
 # -----------------------------------------------------------------------------------------------------------
-# The continuous signal: Gaussian basis functions, ridge regression, and what the attention needs of them
+# The continuous signal (§2.2, §3.1): Gaussian basis functions, ridge regression, and E_p[ψ] for the read-out
 
 
 def at_least_float32(x):
@@ -224,49 +233,58 @@ def gaussian_basis(n_basis, widths):
 
 def evaluate_basis(t, basis_mu, basis_sigma):
     """ψ_j(t) = N(t; μ_j, σ_j²) at positions t (...,) -> (..., N)."""
-    z = (t[..., None] - basis_mu) / basis_sigma
-    return torch.exp(-0.5 * z * z) / (basis_sigma * math.sqrt(2 * math.pi))
+    standardized = (t[..., None] - basis_mu) / basis_sigma
+    return torch.exp(-0.5 * standardized * standardized) / (basis_sigma * math.sqrt(2 * math.pi))
 
 
 def expected_basis(mu, sigma_sq, basis_mu, basis_sigma):
     """E_{N(t; μ, σ²)}[ψ_j(t)] = N(μ; μ_j, σ² + σ_j²), in closed form (the integral of a product of Gaussians,
-    Eq. 10). mu, sigma_sq: (...,) -> (..., N)."""
+    the E_p[ψ(t)] of Eq. 11). mu, sigma_sq: (...,) -> (..., N)."""
     var = sigma_sq[..., None] + basis_sigma ** 2
     return torch.exp(-0.5 * (mu[..., None] - basis_mu) ** 2 / var) / torch.sqrt(2 * math.pi * var)
 
 
 def ridge_matrix(positions, basis_mu, basis_sigma, ridge_lambda, pad=True):
-    """Eq. 5: Bᵀ = Xᵀ Fᵀ(F Fᵀ + λI)⁻¹ = XᵀG, F = [ψ(t_1), ..., ψ(t_L)] (N × L). Returns G (L, N) in float64.
-    pad: as the authors, the regression also sees zero vectors on a grid of spacing 1/L that continues past both
+    """Eq. 5: Bᵀ = Xᵀ Fᵀ(F Fᵀ + λI)⁻¹ = XᵀG, F = [ψ(t_1), ψ(t_2), ...] (N × n_pos). Returns G (n_pos, N), float64.
+    pad: as the authors, the regression also sees zero vectors on a grid of spacing 1/n_pos that continues past both
     ends of [0, 1] up to -0.5 and 1.5, so the fitted signal falls to zero outside [0, 1] instead of flaring up;
     their rows of G are dropped (their X rows are zero)."""
     positions = positions.to(torch.float64)
-    L = positions.numel()
-    n_pad = L // 2 if pad else 0
-    k = torch.arange(1, n_pad + 1, dtype=torch.float64)
-    padded = torch.cat([-(k.flip(0) - 0.5) / L, positions, 1.0 + (k - 0.5) / L])          # (L + 2 n_pad,)
-    F_ = evaluate_basis(padded, basis_mu, basis_sigma).T                                   # (N, L + 2 n_pad)
+    n_pos = positions.numel()
+    n_pad = n_pos // 2 if pad else 0
+    steps = torch.arange(1, n_pad + 1, dtype=torch.float64)
+    padded = torch.cat([-(steps.flip(0) - 0.5) / n_pos, positions, 1.0 + (steps - 0.5) / n_pos])  # (n_pos + 2 n_pad,)
+    F_ = evaluate_basis(padded, basis_mu, basis_sigma).T                                   # (N, n_pos + 2 n_pad)
     eye = torch.eye(F_.size(0), dtype=torch.float64)
-    G = F_.T @ torch.linalg.inv(F_ @ F_.T + ridge_lambda * eye)                           # (L + 2 n_pad, N)
-    return G[n_pad:n_pad + L]
+    G = F_.T @ torch.linalg.inv(F_ @ F_.T + ridge_lambda * eye)                           # (n_pos + 2 n_pad, N)
+    return G[n_pad:n_pad + n_pos]
 
 
 def ridge_positions(config):
     """Eq. 5 positions of one write of L = seg_len vectors: alone, at (i + 1/2)/L in [0, 1]; after the old
     signal, its M samples at m τ/M in [0, τ] (Eq. 14) and the new vectors at τ + (1 - τ) l/L in ]τ, 1] (Eq. 15)."""
-    L, Ms, tau = config.seg_len, config.n_samples, config.tau
+    L, M, tau = config.seg_len, config.n_samples, config.tau
     first = (torch.arange(L, dtype=torch.float64) + 0.5) / L
-    unbounded = torch.cat([torch.arange(1, Ms + 1, dtype=torch.float64) * tau / Ms,
+    unbounded = torch.cat([torch.arange(1, M + 1, dtype=torch.float64) * tau / M,
                            tau + (1 - tau) * torch.arange(1, L + 1, dtype=torch.float64) / L])
     return first, unbounded
 
 
+# -----------------------------------------------------------------------------------------------------------
+# Sticky memories (§3.3): the attention histogram, and points drawn from it with counter-based random numbers
+
+
 def attention_histogram(mu, sigma_sq, n_bins):
     """Eqs. 16-17: the Gaussian mass ∫_{d_j} N(t; μ, σ²) dt that the densities (B, H, T) put in each of n_bins
-    equal bins of [0, 1] (Normal CDF differences), summed over heads and queries. -> (B, n_bins), unnormalised."""
+    equal bins d_j of [0, 1] (Normal CDF differences), summed over heads and queries. -> (B, n_bins), unnormalised."""
     edges = torch.linspace(0.0, 1.0, n_bins + 1, device=mu.device, dtype=mu.dtype)
-    cdf = torch.special.ndtr((edges - mu[..., None]) / sigma_sq.sqrt()[..., None])   # (B, H, T, D+1)
-    return (cdf[..., 1:] - cdf[..., :-1]).sum(dim=(1, 2))                               # (B, D)
+    cdf = torch.special.ndtr((edges - mu[..., None]) / sigma_sq.sqrt()[..., None])   # (B, H, T, n_bins+1)
+    return (cdf[..., 1:] - cdf[..., :-1]).sum(dim=(1, 2))                               # (B, n_bins)
+
+
+def normalized(hist):
+    """p(d_j) of Eq. 16: the histogram (B, n_bins) divided by its sum."""
+    return hist / hist.sum(-1, keepdim=True)
 
 
 RNG_PRIME = 2 ** 31 - 1
@@ -278,46 +296,70 @@ def rng_seed(batch_size, device):
     return (torch.initial_seed() % RNG_PRIME) * 1_000_003 + torch.arange(batch_size, device=device) * 2 ** 20
 
 
-def counter_uniforms(state, n):
-    """n uniforms in [0, 1) per row, a pure function of the row's state (B,) int64: a counter-based hash (multiply
-    mod the prime 2^31 - 1 and xor-shift, three rounds; products stay below 2^62, so no int64 overflow on any
-    device). -> (B, n) float32"""
-    x = (state[:, None] % RNG_PRIME + 1) * 7919 + torch.arange(1, n + 1, device=state.device) * 104729
+def counter_uniforms(state, count):
+    """count uniforms in [0, 1) per row, a pure function of the row's state (B,) int64: a counter-based hash
+    (multiply mod the prime 2^31 - 1 and xor-shift, three rounds; products stay below 2^62, so no int64 overflow on
+    any device). -> (B, count) float32"""
+    x = (state[:, None] % RNG_PRIME + 1) * 7919 + torch.arange(1, count + 1, device=state.device) * 104729
     for a in (48271, 69621, 16807):
         x = (x % RNG_PRIME) * a % RNG_PRIME
         x = x ^ (x >> 13)
     return (x % RNG_PRIME).float() / RNG_PRIME
 
 
-def sample_sticky_points(hist, u):
-    """§3.3: points of [0, 1] drawn from the piecewise-constant density of the histogram hist (B, D), one per
-    uniform in u (B, n): inverse-CDF sampling of the sorted uniforms, so a bin is picked with probability
-    hist_j / Σ hist, the point is uniform inside it, and the points come out sorted. -> (B, n)"""
-    B, D = hist.shape
-    p = hist / hist.sum(-1, keepdim=True)                                   # (B, D)
-    cdf = torch.cat([p.new_zeros(B, 1), p.cumsum(-1)], dim=-1)              # (B, D+1)
-    u = u.to(hist.dtype).sort(dim=-1).values * cdf[:, -1:]
-    j = torch.searchsorted(cdf[:, 1:].contiguous(), u, right=True).clamp(max=D - 1)   # (B, n) bin index
+def sample_sticky_points(hist, uniforms):
+    """§3.3: points of [0, 1] drawn from the piecewise-constant density of the histogram hist (B, n_bins), one per
+    uniform in uniforms (B, count): inverse-CDF sampling of the sorted uniforms, so a bin is picked with probability
+    hist_j / Σ hist, the point is uniform inside it, and the points come out sorted. -> (B, count)"""
+    B, n_bins = hist.shape
+    p = normalized(hist)                                                    # (B, n_bins)
+    cdf = torch.cat([p.new_zeros(B, 1), p.cumsum(-1)], dim=-1)              # (B, n_bins+1)
+    u = uniforms.to(hist.dtype).sort(dim=-1).values * cdf[:, -1:]
+    j = torch.searchsorted(cdf[:, 1:].contiguous(), u, right=True).clamp(max=n_bins - 1)   # (B, count) bin index
     within = (u - cdf.gather(1, j)) / p.gather(1, j).clamp(min=1e-12)
-    return (j + within.clamp(0.0, 1.0)) / D
+    return (j + within.clamp(0.0, 1.0)) / n_bins
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Continuous attention over the LTM (§3.1) and the gate of the vectors that enter it (§3.4)
+# The long-term memory: its read-out by continuous attention (§3.1, LongTermAttention, one per layer) and its
+# write (§3.2-3.4, LongTermMemory, shared by the layers)
+
+
+class LTMWrite(NamedTuple):
+    """Which rows write to their LTM at the start of a step (§3.2) and what they write."""
+    rows: torch.Tensor     # (B,) bool, the rows with at least seg_len vectors waiting
+    slots: torch.Tensor    # (B, L) Memory.mem slots of each row's oldest L = seg_len waiting vectors
+    written: torch.Tensor  # (B,) int64, Memory.ltm_written after this write
+
+
+class LTMRead(NamedTuple):
+    """What one layer's attention needs to read its LTM during a segment (§3.1)."""
+    keys: torch.Tensor         # (B, H, N, D) ltm_B W^K (Eq. 8)
+    values: torch.Tensor       # (B, H, N, D) ltm_B W^V (Eq. 8)
+    written: torch.Tensor      # (B,) int64, 0 until the row's LTM was written (then its term is masked)
+    basis_mu: torch.Tensor     # (N,) the centres μ_j of ψ
+    basis_sigma: torch.Tensor  # (N,) the widths σ_j of ψ
+
+
+class LTMSegment(NamedTuple):
+    """The LTM side of a segment's start (LongTermMemory.begin_segment)."""
+    ltm_B: list        # n_layer (B, N, C): each layer's LTM after this step's write (§3.2)
+    read: list         # n_layer LTMRead (None when the LTM is off)
+    write: LTMWrite    # the rows that wrote, and the written flags after it
 
 
 class LongTermAttention(nn.Module):
-    """Each head reads the LTM signal with a Gaussian density; returns Z_LTM (Eq. 11) and the densities."""
+    """Each head reads the LTM signal with a Gaussian density (§3.1); returns Z_LTM and the densities."""
 
     def __init__(self, config):
         super().__init__()
         C, H, D, N = config.n_embd, config.n_head, config.d_head, config.n_basis
         self.n_head, self.d_head = H, D
-        self.key_net = nn.Linear(C, H * D, bias=False)     # W^K
-        self.value_net = nn.Linear(C, H * D, bias=False)   # W^V
-        self.mu_affine = nn.Linear(N, 1)                   # μ = sigmoid(affine(K q / √d))       (Eq. 9)
-        self.sigma_affine = nn.Linear(N, 1)                # σ² = softplus(affine(K q / √d))
-        self.o_net = nn.Linear(H * D, C, bias=False)
+        self.key_net = nn.Linear(C, H * D, bias=False)     # W^K (Eq. 8)
+        self.value_net = nn.Linear(C, H * D, bias=False)   # W^V (Eq. 8)
+        self.mu_affine = nn.Linear(N, 1)                   # μ = sigmoid(affine(keys q / √d))    (Eq. 9)
+        self.sigma_affine = nn.Linear(N, 1)                # σ² = softplus(affine(keys q / √d))  (Eq. 10)
+        self.o_net = nn.Linear(H * D, C, bias=False)       # W^O (§3.1, after Eq. 11)
         self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
         self.scale = 1.0 / math.sqrt(D)
 
@@ -328,21 +370,133 @@ class LongTermAttention(nn.Module):
         return torch.sigmoid(self.gate(x.transpose(1, 2))).transpose(1, 2) * x
 
     def keys_values(self, ltm_B):
-        """K = B W^K, V = B W^V (Eq. 8): ltm_B (B, N, C) -> each (B, H, N, D)."""
-        Bsz, N, _ = ltm_B.shape
-        k = self.key_net(ltm_B).view(Bsz, N, self.n_head, self.d_head).transpose(1, 2)
-        v = self.value_net(ltm_B).view(Bsz, N, self.n_head, self.d_head).transpose(1, 2)
+        """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D)."""
+        B, N, _ = ltm_B.shape
+        k = self.key_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
+        v = self.value_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
         return k, v
 
-    def forward(self, q, k, v, basis_mu, basis_sigma):
-        """q: (B, H, T, D) the layer's own queries; k, v: (B, H, N, D). Returns Z_LTM (B, T, C) and μ, σ² (B, H, T)."""
-        Bsz, H, T, D = q.shape
-        scores = torch.einsum('bhid,bhnd->bhin', q, k) * self.scale                 # (B, H, T, N)  K q / √d
+    def forward(self, q, read):
+        """q: (B, H, T, D) the layer's own queries; read: LTMRead. Returns Z_LTM (B, T, C) and μ, σ² (B, H, T)."""
+        B, H, T, D = q.shape
+        scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
         mu = at_least_float32(torch.sigmoid(self.mu_affine(scores)).squeeze(-1))   # (B, H, T)     Eq. 9
-        sigma_sq = at_least_float32(F.softplus(self.sigma_affine(scores)).squeeze(-1)).clamp(min=1e-4)
-        r = expected_basis(mu, sigma_sq, basis_mu, basis_sigma)                     # (B, H, T, N)  E_p[ψ(t)]
-        z = torch.einsum('bhin,bhnd->bhid', r.to(v.dtype), v)                       # (B, H, T, D)  Vᵀ E_p[ψ] (Eq. 10)
-        return self.o_net(z.transpose(1, 2).reshape(Bsz, T, H * D)), mu, sigma_sq   # Z_LTM (Eq. 11)
+        sigma_sq = at_least_float32(F.softplus(self.sigma_affine(scores)).squeeze(-1)).clamp(min=1e-4)   # Eq. 10
+        expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
+        z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
+        return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O
+
+
+class LongTermMemory(nn.Module):
+    """The LTM's fixed parts and its write, for every layer: the basis ψ, the ridge regression matrices G (Eq. 5),
+    the unbounded-memory update (§3.2) with linearly spaced or sticky (§3.3) samples of the old signal, and the KL
+    regulariser (§3.4). No parameters: each layer's CNN gate and read-out weights live in its LongTermAttention.
+    The buffers are computed once in float64 and not saved (they follow the flags)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        basis_mu, basis_sigma = gaussian_basis(config.n_basis, config.widths)
+        t_first, t_unbounded = ridge_positions(config)
+        t_linear = torch.arange(1, config.n_samples + 1, dtype=torch.float64) / config.n_samples
+        for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma),
+                            ('G_first', ridge_matrix(t_first, basis_mu, basis_sigma, config.ridge_lambda)),  # (L, N)
+                            ('G_unbounded', ridge_matrix(t_unbounded, basis_mu, basis_sigma,                # (M+L, N)
+                                                         config.ridge_lambda)),
+                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):   # ψ(m/M), (M, N)
+            self.register_buffer(name, value.float(), persistent=False)
+
+    # --- its state in Memory (the ltm_* fields) -----------------------------------------------------------
+
+    def empty_state(self, batch_size, device, dtype):
+        """The ltm_* fields of an empty Memory."""
+        c = self.config
+        zeros = lambda *shape, dt=dtype: torch.zeros(*shape, device=device, dtype=dt)
+        return dict(ltm_pending=zeros(batch_size, dt=torch.long),
+                    ltm_B=zeros(c.n_layer, batch_size, c.n_basis, c.n_embd),
+                    ltm_written=zeros(batch_size, dt=torch.long),
+                    ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins),
+                    ltm_rng=rng_seed(batch_size, device))
+
+    def reset_state(self, memory, mask):
+        """The ltm_* fields of memory with the rows where mask (B,) is True emptied."""
+        keep = ~mask
+        return dict(ltm_pending=memory.ltm_pending * keep,
+                    ltm_B=memory.ltm_B * keep[None, :, None, None].to(memory.ltm_B.dtype),
+                    ltm_written=memory.ltm_written * keep,
+                    ltm_hist=memory.ltm_hist * keep[None, :, None].to(memory.ltm_hist.dtype),
+                    ltm_rng=torch.where(mask, rng_seed(mask.size(0), mask.device), memory.ltm_rng))
+
+    def next_state(self, memory, ltm, hists, left):
+        """The ltm_* fields after a segment, detached (SG). ltm: the segment's LTMSegment; hists: n_layer (B, n_bins)
+        for the next write; left: (B,) how many valid vectors left the STM in the segment (they now wait)."""
+        wrote = ltm.write.rows.long()
+        return dict(ltm_pending=memory.ltm_pending - self.config.seg_len * wrote + left,
+                    ltm_B=torch.stack(ltm.ltm_B).to(memory.ltm_B.dtype).detach().contiguous(),
+                    ltm_written=ltm.write.written,
+                    ltm_hist=torch.stack(hists).to(memory.ltm_hist.dtype).detach().contiguous(),
+                    ltm_rng=memory.ltm_rng + wrote)
+
+    # --- the write at the start of a step --------------------------------------------------------------------
+
+    def begin_segment(self, memory, attentions, dtype):
+        """This step's write (§3.2) for every layer, and what each layer's attention then reads. attentions: the
+        layers' LongTermAttention (for the gate and W^K, W^V); dtype: the model's. -> LTMSegment"""
+        due = self.due(memory)
+        if not self.config.ltm:                        # the waiting vectors are dropped, the LTM stays as it was
+            return LTMSegment(list(memory.ltm_B), [None] * len(attentions), due._replace(written=memory.ltm_written))
+        ltm_B = [self.write(n, memory, due, attn.gated) for n, attn in enumerate(attentions)]
+        read = [LTMRead(*attn.keys_values(layer_B.to(dtype)), due.written, self.basis_mu, self.basis_sigma)
+                for attn, layer_B in zip(attentions, ltm_B)]
+        return LTMSegment(ltm_B, read, due)
+
+    def due(self, memory):
+        """The rows that write now (§3.2): those with at least L = seg_len vectors waiting. -> LTMWrite"""
+        L = self.config.seg_len
+        n_wait = 2 * L - 1                                                             # waiting slots
+        rows = memory.ltm_pending >= L
+        slots = (n_wait - memory.ltm_pending).clamp(max=n_wait - L)[:, None] + torch.arange(L, device=rows.device)
+        return LTMWrite(rows, slots, torch.maximum(memory.ltm_written, rows.long()))
+
+    def write(self, n, memory, due, gated):
+        """Layer n's LTM after the write: ltm_B of [old signal at M points ; the gated new vectors] (Eqs. 14-15, 5),
+        or of the gated new vectors alone when the row's LTM is empty or `unbounded` is off (Eq. 5); rows that do
+        not write keep their ltm_B. gated: the layer's CNN gate (Eq. 18). The gate's gradient flows through the new
+        ltm_B into this step's attention; the old ltm_B is detached. -> (B, N, C)"""
+        c = self.config
+        dtype = torch.promote_types(self.G_first.dtype, torch.float32)
+        ltm_B = memory.ltm_B[n].to(dtype)                                              # (B, N, C)
+        new = memory.mem[n].gather(1, due.slots[..., None].expand(-1, -1, c.n_embd)).to(dtype)  # (B, L, C) oldest first
+        with torch.autocast(device_type=ltm_B.device.type, enabled=False):            # the regression in float32
+            x_new = gated(new)                                                         # X̃ (Eq. 18)
+            new_ltm_B = torch.einsum('blc,ln->bnc', x_new, self.G_first)               # Bᵀ = X̃ᵀG      (Eq. 5)
+            if c.unbounded:
+                X = torch.cat([self.past_samples(n, memory, ltm_B), x_new], dim=1)     # (B, M + L, C) Eq. 15
+                grown = torch.einsum('bmc,mn->bnc', X, self.G_unbounded)               # Eq. 5
+                new_ltm_B = torch.where(memory.ltm_written[:, None, None] > 0, grown, new_ltm_B)
+        return torch.where(due.rows[:, None, None], new_ltm_B, ltm_B)                  # (B, N, C)
+
+    def past_samples(self, n, memory, ltm_B):
+        """X_past of layer n (Eq. 14): its signal ltm_B (B, N, C) at M points, linearly spaced m/M or, with sticky
+        memories (§3.3), drawn from the last step's attention histogram with this layer's random numbers; they are
+        placed at m τ/M by G_unbounded (Eq. 13). -> (B, M, C)"""
+        c = self.config
+        if c.sticky:
+            uniforms = counter_uniforms(memory.ltm_rng * c.n_layer + n, c.n_samples)    # (B, M)
+            t = sample_sticky_points(memory.ltm_hist[n].to(ltm_B.dtype) + 1e-12, uniforms)   # (B, M)
+            psi = evaluate_basis(t, self.basis_mu, self.basis_sigma)                   # (B, M, N)
+        else:
+            psi = self.psi_linear.expand(ltm_B.size(0), -1, -1)                        # (B, M, N) ψ(m/M)
+        return psi @ ltm_B                                                             # x_m = Bᵀψ(t_m)
+
+    def kl(self, mu_sigmas, written):
+        """Eq. 20: mean over layers, heads and queries of KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1),
+        over the rows whose LTM holds something. mu_sigmas: n_layer (μ, σ²), each (B, H, T)."""
+        s0 = self.config.sigma_0 ** 2
+        kl = torch.stack([0.5 * (s2 / s0 - torch.log(s2 / s0) - 1).mean(dim=(1, 2))
+                          for _, s2 in mu_sigmas])                                     # (n_layer, B)
+        w = written.to(kl.dtype)
+        return (kl.mean(0) * w).sum() / w.sum().clamp(min=1)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -386,18 +540,17 @@ class RelMultiHeadAttnLTM(nn.Module):
         self.ltm = LongTermAttention(config)
 
     def keys_values(self, h):
-        """Keys and values (B, H, S, D) of hidden states h (B, S, C), as model_xl.py."""
-        B, S, _ = h.shape
+        """Keys and values (B, H, length, D) of hidden states h (B, length, C), as model_xl.py."""
+        B, length, _ = h.shape
         if self.pre_lnorm:
             h = self.layer_norm(h)
-        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
-        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
+        kv = self.kv_net(h).view(B, length, 2, self.n_head, self.d_head)
+        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, length, D)
         return k, v
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
-        """As model_xl.py's RelMultiHeadAttn; ltm = (K, V, ltm_on, basis_mu, basis_sigma) with K, V (B, H, N, D)
-        and ltm_on (B,) 0/1, or None without an LTM. Returns the output, the keys/values of all K positions, and
-        the LTM densities μ, σ² (B, H, T) (None without an LTM)."""
+        """As model_xl.py's RelMultiHeadAttn; ltm: LTMRead, or None without an LTM. Returns the output, the
+        keys/values of all K positions, and the LTM densities μ, σ² (B, H, T) (None without an LTM)."""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -421,10 +574,9 @@ class RelMultiHeadAttnLTM(nn.Module):
         attn_out = self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D))   # Z_T (B, T, C)
 
         mu = sigma_sq = None
-        if ltm is not None:                                       # ltm_on: 0 until the row's LTM was written
-            k_ltm, v_ltm, ltm_on, basis_mu, basis_sigma = ltm
-            z_ltm, mu, sigma_sq = self.ltm(q, k_ltm, v_ltm, basis_mu, basis_sigma)
-            attn_out = attn_out + z_ltm * ltm_on[:, None, None].to(z_ltm.dtype)   # Z = Z_T + Z_LTM (Eq. 12)
+        if ltm is not None:                                       # masked until the row's LTM was written
+            z_ltm, mu, sigma_sq = self.ltm(q, ltm)
+            attn_out = attn_out + z_ltm * ltm.written[:, None, None].to(z_ltm.dtype)   # Z = Z_T + Z_LTM (Eq. 12)
         attn_out = self.drop(attn_out)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
         return out, (k, v), mu, sigma_sq
@@ -445,6 +597,13 @@ class Block(nn.Module):
 # The model
 
 
+class SegmentStart(NamedTuple):
+    """What every position of a segment shares, computed once at its start (Model._begin_segment)."""
+    stm_kv: list              # n_layer (k, v), each (B, H, mem_len, D): the STM's keys and values
+    stm_valid: torch.Tensor   # (B, mem_len) bool, the STM slots that hold something
+    ltm: LTMSegment           # the LTM after this step's write, and what each layer reads of it
+
+
 class Model(nn.Module):
     def __init__(self, config: Config):
         super().__init__()
@@ -455,27 +614,17 @@ class Model(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         n_bias = config.n_layer if config.untie_r else 1
-        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))
-        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))
+        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
+        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
         self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
         self.apply(self._init_weights)
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
-
-        # The fixed parts of the continuous signal, computed once in float64 (not saved: they follow the flags).
-        basis_mu, basis_sigma = gaussian_basis(config.n_basis, config.widths)
-        t_first, t_unbounded = ridge_positions(config)
-        G_first = ridge_matrix(t_first, basis_mu, basis_sigma, config.ridge_lambda)             # (L, N)
-        G_unbounded = ridge_matrix(t_unbounded, basis_mu, basis_sigma, config.ridge_lambda)     # (M + L, N)
-        t_linear = torch.arange(1, config.n_samples + 1, dtype=torch.float64) / config.n_samples
-        for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma), ('G_first', G_first),
-                            ('G_unbounded', G_unbounded),
-                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):   # ψ(m/M), (M, N)
-            self.register_buffer(name, value.float(), persistent=False)
+        self.long_term = LongTermMemory(config)                   # the LTM's basis, ridge matrices and write
 
     def _init_weights(self, module):
-        # As model_xl.py (the paper's code): N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std).
-        # The gate's Conv1d keeps PyTorch's default init, as in the authors' code.
+        # As model_xl.py: N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std); the CNN gate keeps
+        # PyTorch's default init, as in the authors' code.
         std = self.config.init_std
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, 0.0, std)
@@ -490,78 +639,39 @@ class Model(nn.Module):
     # --- memory -------------------------------------------------------------------------------------------
 
     def init_memory(self, batch_size, device, mem_len=None):
-        """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (the STM) at eval. The LTM's
-        size (n_basis) does not depend on it."""
+        """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (the STM) at eval."""
         c = self.config
-        M = c.mem_len if mem_len is None else mem_len
+        mem_len = c.mem_len if mem_len is None else mem_len
         dtype = self.word_emb.weight.dtype
-        zeros = lambda *shape, dt=dtype: torch.zeros(*shape, device=device, dtype=dt)
-        return Memory(mem=zeros(c.n_layer, batch_size, 2 * c.seg_len - 1 + M, c.n_embd),
-                      length=zeros(batch_size, dt=torch.long),
-                      ltm_pending=zeros(batch_size, dt=torch.long),
-                      ltm_B=zeros(c.n_layer, batch_size, c.n_basis, c.n_embd),
-                      ltm_written=zeros(batch_size, dt=torch.long),
-                      ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins),
-                      ltm_rng=rng_seed(batch_size, device))
+        mem = torch.zeros(c.n_layer, batch_size, 2 * c.seg_len - 1 + mem_len, c.n_embd, device=device, dtype=dtype)
+        return Memory(mem=mem, length=torch.zeros(batch_size, dtype=torch.long, device=device),
+                      **self.long_term.empty_state(batch_size, device, dtype))
 
     def reset_memory(self, memory, mask):
         """Empty the STM and the LTM of the rows where mask (B,) is True."""
         keep = ~mask
-        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype),
-                      length=memory.length * keep,
-                      ltm_pending=memory.ltm_pending * keep,
-                      ltm_B=memory.ltm_B * keep[None, :, None, None].to(memory.ltm_B.dtype),
-                      ltm_written=memory.ltm_written * keep,
-                      ltm_hist=memory.ltm_hist * keep[None, :, None].to(memory.ltm_hist.dtype),
-                      ltm_rng=torch.where(mask, rng_seed(mask.size(0), mask.device), memory.ltm_rng))
+        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype), length=memory.length * keep,
+                      **self.long_term.reset_state(memory, mask))
 
-    def _ltm_writes(self, memory):
-        """Which rows write to their LTM now (§3.2): those with at least seg_len vectors waiting. -> (B,) bool, the
-        buffer slots (B, seg_len) of the oldest seg_len waiting vectors, and the written flags after it (B,) int64."""
-        L = self.config.seg_len
-        W = 2 * L - 1                                                                  # waiting slots
-        write = memory.ltm_pending >= L
-        slots = (W - memory.ltm_pending).clamp(max=W - L)[:, None] + torch.arange(L, device=write.device)
-        return write, slots, torch.maximum(memory.ltm_written, write.long())
+    def _begin_segment(self, memory):
+        """The STM's keys/values and validity, and the LTM after this step's write (§3.2). -> SegmentStart"""
+        S = memory.mem.size(2)
+        n_wait = 2 * self.config.seg_len - 1                                           # slots before the STM
+        valid = torch.arange(S, device=memory.mem.device)[None, :] >= (S - memory.length)[:, None]   # (B, S)
+        stm_kv = [layer.attn.keys_values(memory.mem[n][:, n_wait:]) for n, layer in enumerate(self.layers)]
+        ltm_attentions = [layer.attn.ltm for layer in self.layers]
+        ltm = self.long_term.begin_segment(memory, ltm_attentions, self.word_emb.weight.dtype)
+        return SegmentStart(stm_kv, valid[:, n_wait:], ltm)
 
-    def _write_ltm(self, n, memory, write, slots):
-        """§3.2 + §3.4 for layer n: B of [old signal at M points ; the gated new vectors] (Eqs. 14-15, 5), or of the new
-        vectors alone when the row's LTM is empty or `unbounded` is off (Eq. 5); rows that do not write keep their
-        B. The gate's gradient flows through the new B into this step's attention; the old B is detached."""
-        c = self.config
-        dtype = torch.promote_types(self.G_first.dtype, torch.float32)
-        old_B = memory.ltm_B[n].to(dtype)                                              # (B, N, C)
-        new = memory.mem[n].gather(1, slots[..., None].expand(-1, -1, c.n_embd)).to(dtype)   # (B, L, C) oldest first
-        with torch.autocast(device_type=old_B.device.type, enabled=False):            # the regression in float32
-            x_new = self.layers[n].attn.ltm.gated(new)                                 # X̃ (Eq. 18)
-            new_B = torch.einsum('blc,ln->bnc', x_new, self.G_first)                   # Bᵀ = X̃ᵀG      (Eq. 5)
-            if c.unbounded:
-                if c.sticky:                                                           # §3.3: where to read
-                    u = counter_uniforms(memory.ltm_rng * c.n_layer + n, c.n_samples)   # (B, M) this layer's
-                    t = sample_sticky_points(memory.ltm_hist[n].to(dtype) + 1e-12, u)   # (B, M)
-                    psi = evaluate_basis(t, self.basis_mu, self.basis_sigma)           # (B, M, N)
-                else:
-                    psi = self.psi_linear.expand(old_B.size(0), -1, -1)                # (B, M, N) ψ(m/M)
-                x_past = psi @ old_B                                                   # (B, M, C) Eq. 14
-                X = torch.cat([x_past, x_new], dim=1)                                  # (B, M + L, C) Eq. 15
-                grown = torch.einsum('bmc,mn->bnc', X, self.G_unbounded)               # Eq. 5
-                new_B = torch.where(memory.ltm_written[:, None, None] > 0, grown, new_B)
-        return torch.where(write[:, None, None], new_B, old_B)                         # (B, N, C)
-
-    def _update_memory(self, memory, hids, ltm_Bs, write, written, hists, T):
-        """The STM keeps the last mem_len positions of [old ; this segment's layer inputs]; the valid positions
-        pushed out of it join the vectors waiting for the LTM (minus the seg_len written at this step's start).
-        All detached (SG)."""
-        S, M = memory.mem.size(2), memory.mem.size(2) - (2 * self.config.seg_len - 1)
-        cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (L, B, S+T, C)
-        left = (memory.length.clamp(max=M) + T - M).clamp(min=0)                       # (B,) valid, left the STM
-        return Memory(mem=cat[:, :, T:].detach().contiguous(),                       # (L, B, S, C)
-                      length=(memory.length + T).clamp(max=S),
-                      ltm_pending=memory.ltm_pending - self.config.seg_len * write.long() + left,
-                      ltm_B=torch.stack(ltm_Bs).to(memory.ltm_B.dtype).detach().contiguous(),
-                      ltm_written=written,
-                      ltm_hist=torch.stack(hists).to(memory.ltm_hist.dtype).detach().contiguous(),
-                      ltm_rng=memory.ltm_rng + write.long())
+    def _update_memory(self, memory, hids, start, hists, T):
+        """The STM keeps the last mem_len positions of [old ; this segment's layer inputs] (detached, SG); the valid
+        positions pushed out of it join the vectors waiting for the LTM. hids: n_layer (B, T, C)."""
+        S = memory.mem.size(2)
+        mem_len = S - (2 * self.config.seg_len - 1)
+        cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (n_layer, B, S+T, C)
+        left = (memory.length.clamp(max=mem_len) + T - mem_len).clamp(min=0)           # (B,) valid, left the STM
+        return Memory(mem=cat[:, :, T:].detach().contiguous(), length=(memory.length + T).clamp(max=S),
+                      **self.long_term.next_state(memory, start.ltm, hists, left))
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) --------------------------------
 
@@ -582,31 +692,6 @@ class Model(nn.Module):
         n = i if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
 
-    def _begin_segment(self, memory):
-        """What every position of a segment shares: the STM keys/values and validity, and the LTM after this
-        step's write (§3.2) with its keys/values.
-        -> (stm_kv list, stm_valid (B, M), ltm_Bs, ltm_inputs, which rows wrote (B,), written flags (B,))"""
-        c = self.config
-        S = memory.mem.size(2)
-        valid = torch.arange(S, device=memory.mem.device)[None, :] >= (S - memory.length)[:, None]   # (B, S)
-        W = 2 * c.seg_len - 1                                                          # waiting slots
-        stm_kv = [layer.attn.keys_values(memory.mem[n][:, W:]) for n, layer in enumerate(self.layers)]
-        write, slots, written = self._ltm_writes(memory)
-        if not c.ltm:                                  # the waiting vectors are dropped, the LTM stays as it was
-            return stm_kv, valid[:, W:], list(memory.ltm_B), [None] * c.n_layer, write, memory.ltm_written
-        ltm_Bs = [self._write_ltm(n, memory, write, slots) for n in range(c.n_layer)]
-        ltm_inputs = [(*layer.attn.ltm.keys_values(B_.to(self.word_emb.weight.dtype)), written,
-                       self.basis_mu, self.basis_sigma) for layer, B_ in zip(self.layers, ltm_Bs)]
-        return stm_kv, valid[:, W:], ltm_Bs, ltm_inputs, write, written
-
-    def _kl(self, mu_sigmas, written):
-        """Eq. 20: mean over layers, heads and queries of KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1),
-        over the rows whose LTM holds something."""
-        s0 = self.config.sigma_0 ** 2
-        kl = torch.stack([0.5 * (s2 / s0 - torch.log(s2 / s0) - 1).mean(dim=(1, 2)) for _, s2 in mu_sigmas])  # (L, B)
-        w = written.to(kl.dtype)
-        return (kl.mean(0) * w).sum() / w.sum().clamp(min=1)
-
     # --- forward ------------------------------------------------------------------------------------------
 
     def forward(self, idx, memory, targets=None):
@@ -615,31 +700,29 @@ class Model(nn.Module):
         B, T = idx.shape
         if T > c.seg_len:
             raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
-        stm_kv, stm_valid, ltm_Bs, ltm_inputs, write, written = self._begin_segment(memory)
-        key_valid = torch.cat([stm_valid, stm_valid.new_ones(B, T)], dim=1)          # (B, M+T)
-        attn_mask = self._attn_mask(key_valid, T)                                    # (B, 1, T, M+T)
+        start = self._begin_segment(memory)
+        key_valid = torch.cat([start.stm_valid, start.stm_valid.new_ones(B, T)], dim=1)   # (B, K), K = mem_len+T
+        attn_mask = self._attn_mask(key_valid, T)                                    # (B, 1, T, K)
         r = self._relative_positions(key_valid.size(1), idx.device)
 
         h = self.drop(self.word_emb(idx))                                            # (B, T, C)
         hids, mu_sigmas = [], []
         for n, layer in enumerate(self.layers):
             hids.append(h)
-            h, _, mu, sigma_sq = layer(h, stm_kv[n], r, *self._u_v(n), attn_mask, ltm_inputs[n])
+            h, _, mu, sigma_sq = layer(h, start.stm_kv[n], r, *self._u_v(n), attn_mask, start.ltm.read[n])
             mu_sigmas.append((mu, sigma_sq))
         h = self.drop(self.ln_f(h))
         logits = F.linear(h, self.word_emb.weight)                                   # (B, T, V)
 
-        hists = list(memory.ltm_hist)
-        if c.ltm and c.sticky:                                                       # for the next step's write
-            hists = [attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in mu_sigmas]
-            hists = [hist / hist.sum(-1, keepdim=True) for hist in hists]
-        new_memory = self._update_memory(memory, hids, ltm_Bs, write, written, hists, T)
+        hists = ([normalized(attention_histogram(mu, s2, c.sticky_bins)) for mu, s2 in mu_sigmas]
+                 if c.ltm and c.sticky else list(memory.ltm_hist))                  # for the next write (§3.3)
+        new_memory = self._update_memory(memory, hids, start, hists, T)
         loss, aux = None, {}
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             aux['lm_loss'] = loss.detach()
             if c.ltm:
-                kl = self._kl(mu_sigmas, written)                                    # L = L_NLL + λ_KL L_KL (Eq. 21)
+                kl = self.long_term.kl(mu_sigmas, start.ltm.write.written)          # L = L_NLL + λ_KL L_KL (Eq. 21)
                 aux['kl_loss'] = kl.detach()
                 loss = loss + c.kl_weight * kl
         return logits, loss, new_memory, aux
@@ -654,22 +737,21 @@ class Model(nn.Module):
         K = mem_len + seg_len keys (3 products of H*D*K); the LTM attention (scores and values, 2 products of
         H*D*N); once per segment the STM keys/values, R, the LTM keys/values and the regression."""
         c = self.config
-        M = c.mem_len if mem_len is None else mem_len
-        T, K, HD, N = c.seg_len, M + c.seg_len, c.n_head * c.d_head, c.n_basis
+        mem_len = c.mem_len if mem_len is None else mem_len
+        T, K, HD, N = c.seg_len, mem_len + c.seg_len, c.n_head * c.d_head, c.n_basis
         attention = 6 * c.n_layer * HD * (3 * K + 2 * N)
         regression = 2 * (c.n_samples + c.seg_len) * N * c.n_embd + c.n_samples * N * c.n_embd
-        per_segment = 6 * c.n_layer * ((2 * M + K + 2 * N) * c.n_embd * HD + regression) / T
+        per_segment = 6 * c.n_layer * ((2 * mem_len + K + 2 * N) * c.n_embd * HD + regression) / T
         return 6 * self.num_params() + attention + per_segment
 
     # --- generation ---------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
-        At each segment start the LTM is written and its keys/values computed, as forward() does; then every new
-        token costs one position's work against the cached STM/segment keys and the LTM's. When a segment of
-        seg_len tokens is complete, the memory is updated exactly as forward() would (with the attention
-        histogram summed over the segment's tokens). callback(tokens (B, 1)) is called after each sampled token."""
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. A segment
+        starts as in forward() (the LTM write); each new token then costs one position's work against the cached
+        keys; a complete segment updates the memory as forward() would (the attention histogram summed over its
+        tokens). callback(tokens (B, 1)) is called after each sampled token."""
         c = self.config
         B = idx.size(0)
         if memory is None:
@@ -679,10 +761,9 @@ class Model(nn.Module):
         def step(tokens):
             nonlocal memory
             if not seg:                                                 # a new segment starts
-                stm_kv, stm_valid, ltm_Bs, ltm_inputs, write, written = self._begin_segment(memory)
-                seg.update(cache=stm_kv, key_valid=stm_valid, ltm_Bs=ltm_Bs, ltm_inputs=ltm_inputs,
-                           write=write, written=written, hids=[[] for _ in self.layers],
-                           hists=[torch.zeros_like(hist) for hist in memory.ltm_hist])
+                start = self._begin_segment(memory)
+                seg.update(start=start, cache=list(start.stm_kv), key_valid=start.stm_valid,
+                           hids=[[] for _ in self.layers], hists=[torch.zeros_like(hist) for hist in memory.ltm_hist])
             T = tokens.size(1)
             seg['key_valid'] = torch.cat([seg['key_valid'], seg['key_valid'].new_ones(B, T)], dim=1)
             attn_mask = self._attn_mask(seg['key_valid'], T)
@@ -691,15 +772,13 @@ class Model(nn.Module):
             for n, layer in enumerate(self.layers):
                 seg['hids'][n].append(h)
                 h, seg['cache'][n], mu, sigma_sq = layer(h, seg['cache'][n], r, *self._u_v(n), attn_mask,
-                                                         seg['ltm_inputs'][n])
+                                                         seg['start'].ltm.read[n])
                 if c.ltm and c.sticky:
                     seg['hists'][n] = seg['hists'][n] + attention_histogram(mu, sigma_sq, c.sticky_bins)
             if sum(x.size(1) for x in seg['hids'][0]) == c.seg_len:    # segment complete: it becomes memory
-                hists = list(memory.ltm_hist)
-                if c.ltm and c.sticky:
-                    hists = [hist / hist.sum(-1, keepdim=True) for hist in seg['hists']]
-                memory = self._update_memory(memory, [torch.cat(x, dim=1) for x in seg['hids']], seg['ltm_Bs'],
-                                             seg['write'], seg['written'], hists, c.seg_len)
+                hists = [normalized(hist) for hist in seg['hists']] if c.ltm and c.sticky else list(memory.ltm_hist)
+                memory = self._update_memory(memory, [torch.cat(x, dim=1) for x in seg['hids']], seg['start'],
+                                             hists, c.seg_len)
                 seg.clear()
             h = self.ln_f(h[:, -1])
             return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position

@@ -8,26 +8,30 @@ with the same queries, keys and values (§2.1):
      queries and keys. It sees nothing before the segment.
   2. A compressive memory. A matrix M (d_key x d_value) and a normaliser z (d_key) that sum up every earlier
      segment. With σ = ELU + 1 (§2.1.2) and the *unrotated* queries and keys:
-       retrieve (Eq. 7):        A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1})
-       update, linear (Eq. 8):  M_s = M_{s-1} + σ(K)ᵀ V,        z_s = z_{s-1} + Σ_t σ(K_t)
-       update, delta (Eq. 9):   M_s = M_{s-1} + σ(K)ᵀ (V - σ(K) M_{s-1} / (σ(K) z_{s-1}))   (z as in Eq. 8)
+       retrieve (Eq. 3):        A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1})
+       update, linear (Eq. 4):  M_s = M_{s-1} + σ(K)ᵀ V,        z_s = z_{s-1} + Σ_t σ(K_t)
+       update, delta (Eq. 5):   M_s = M_{s-1} + σ(K)ᵀ (V - σ(K) M_{s-1} / (σ(K) z_{s-1}))   (z as in Eq. 4)
      The segment retrieves first, then writes itself, so it reads only the segments before it.
-A learned scalar β per head mixes the two (Eq. 10):
+A learned scalar β per head mixes the two ("long-term context injection", Eq. 6):
        A = sigmoid(β) ⊙ A_mem + (1 - sigmoid(β)) ⊙ A_dot
-and the heads are concatenated and projected as usual (Eq. 11). The memory is fixed-size, so the cost per token
-is the same however much has been read.
+and the heads are concatenated and projected by W_O as usual (§2.1.2, the equation after Eq. 6). The memory is
+fixed-size, so the cost per token is the same however much has been read.
 
 Training (§3, §4.1): the paper unrolls the memory over 16 segments (inputs of 32,768 tokens, segments of 2,048)
 and backpropagates through it. Here the model never detaches the memory; train.py's `--bptt_segments=k` keeps
 the graph over k segments, then detaches (k = 1: only the current segment learns).
 
-Equation numbers follow SPEC §4 (retrieve 7, linear 8, delta 9, gate 10, output 11).
+Equation and section numbers are the paper's own (arXiv 2404.07143): Eq. 1 the projections W_Q, W_K, W_V and Eq. 2
+the local attention (§2.1.1); Eq. 3 retrieval, Eq. 4 the linear update, Eq. 5 Linear + Delta, Eq. 6 the gate (§2.1.2).
+Checked against quotations of the paper's text ("σ(K)ᵀV in Eq. (4)"; "A = sigmoid(β) ⊙ A_mem + ... (6)") and the
+order of §2.1.2; the number of the multi-head output (O = [A^1; ...; A^H] W_O) was not confirmed, so it is cited by
+section only. SPEC §4 numbers retrieve/linear/delta/gate 7/8/9/10; the paper's 3/4/5/6 are used here.
 
 Reading order: Config → Memory → small blocks (copied between model files on purpose) → rotary positions →
 the compressive memory (σ, retrieve, update) → Infini-attention → block → model (init, forward, generate).
 
 Deliberate deviations and choices (also listed in the README):
-  - The first segment (and a row whose memory was emptied) has M = 0, z = 0, so Eq. 7 is 0/0. The memory keeps a
+  - The first segment (and a row whose memory was emptied) has M = 0, z = 0, so Eq. 3 is 0/0. The memory keeps a
     count of the tokens written into it, and retrieval from an empty memory is defined as 0 (no epsilon: an
     epsilon would also bend every later retrieval). The gate still applies there: A = (1 - sigmoid(β)) A_dot.
   - M and z are kept and computed in float32 (the parameters' dtype) with autocast switched off, also under bf16
@@ -58,7 +62,7 @@ class Config:
     dropout: float = 0.1      # on embeddings, attention output, feed-forward, final hidden states
     dropatt: float = 0.0      # on the local attention probabilities
     seg_len: int = 2048       # tokens per segment (the paper's N)
-    memory_update: str = 'linear'  # 'linear' (Eq. 8) or 'delta' (Eq. 9, "Linear + Delta")
+    memory_update: str = 'linear'  # 'linear' (Eq. 4) or 'delta' (Eq. 5, "Linear + Delta")
     gate_init: float = 0.0    # initial β of every head: sigmoid(0) = 0.5 mixes memory and local attention evenly
     gate_lr_mult: float = 100.0  # β's learning rate = learning_rate * gate_lr_mult (see Model.lr_multipliers)
     rope_base: float = 10000.0  # RoPE θ_i = rope_base^(-2i/d_head) on the local attention's queries and keys
@@ -90,7 +94,7 @@ class Config:
 class Memory:
     """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once.
     It is not detached here: train.py's bptt_segments decides how far gradient flows back through it."""
-    M: torch.Tensor       # (n_layer, B, n_head, d_head, d_head) the associative matrix of each head, Eq. 8/9
+    M: torch.Tensor       # (n_layer, B, n_head, d_head, d_head) the associative matrix of each head, Eq. 4/5
     z: torch.Tensor       # (n_layer, B, n_head, d_head) the normaliser of each head, Σ σ(K_t)
     length: torch.Tensor  # (B,) int64, tokens written into the memory since the row was last emptied (0 = empty)
 
@@ -199,7 +203,7 @@ def sigma(x):
 
 
 def memory_retrieve(sigma_q, M, z, has_memory):
-    """Eq. 7: A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1}).
+    """Eq. 3: A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1}).
     sigma_q (B, H, T, D), M (B, H, D, D), z (B, H, D), has_memory (B, 1, 1, 1) bool -> (B, H, T, D).
     An empty memory (M = 0, z = 0: 0/0) retrieves 0; its denominator is replaced by 1 before the division, so
     neither the value nor the gradient sees a NaN."""
@@ -210,10 +214,10 @@ def memory_retrieve(sigma_q, M, z, has_memory):
 
 
 def memory_update(sigma_k, v, M, z, has_memory, rule):
-    """Write a segment's keys and values: Eq. 8 (rule 'linear') or Eq. 9 (rule 'delta').
+    """Write a segment's keys and values: Eq. 4 (rule 'linear') or Eq. 5 (rule 'delta').
     sigma_k, v (B, H, T, D); M (B, H, D, D); z (B, H, D). Returns the new (M, z)."""
     if rule == 'delta':
-        # Eq. 9: write only what M_{s-1} does not already return for these keys
+        # Eq. 5: write only what M_{s-1} does not already return for these keys
         v = v - memory_retrieve(sigma_k, M, z, has_memory)
     M = M + sigma_k.transpose(-2, -1) @ v                         # (B, H, D, D)   σ(K)ᵀ V
     z = z + sigma_k.sum(dim=-2)                                   # (B, H, D)      Σ_t σ(K_t)
@@ -222,15 +226,15 @@ def memory_update(sigma_k, v, M, z, has_memory, rule):
 
 class InfiniAttention(nn.Module):
     """Multi-head Infini-attention (§2.1) with its residual and LayerNorm: local causal softmax attention with
-    RoPE, retrieval from the compressive memory, and the per-head gate β (Eq. 10)."""
+    RoPE, retrieval from the compressive memory, and the per-head gate β (Eq. 6)."""
 
     def __init__(self, config):
         super().__init__()
         C, H, D = config.n_embd, config.n_head, config.d_head
         self.n_head, self.d_head = H, D
         self.qkv_net = nn.Linear(C, 3 * H * D, bias=False)       # W_Q, W_K, W_V (Eq. 1), shared by both sides
-        self.o_net = nn.Linear(H * D, C, bias=False)             # W_O (Eq. 11)
-        self.beta = nn.Parameter(torch.full((H,), float(config.gate_init)))   # β of Eq. 10, one per head
+        self.o_net = nn.Linear(H * D, C, bias=False)             # W_O (§2.1.2)
+        self.beta = nn.Parameter(torch.full((H,), float(config.gate_init)))   # β of Eq. 6, one per head
         self.layer_norm = nn.LayerNorm(C)
         self.drop = nn.Dropout(config.dropout)
         self.dropatt_p = config.dropatt
@@ -263,19 +267,19 @@ class InfiniAttention(nn.Module):
         A_dot = F.scaled_dot_product_attention(q_rot, k_rot, v, attn_mask=causal,
                                                dropout_p=self.dropatt_p if self.training else 0.0)  # (B, H, T, D)
 
-        # memory retrieval, Eq. 7, in the memory's dtype (float32 even under bf16 autocast)
+        # memory retrieval, Eq. 3, in the memory's dtype (float32 even under bf16 autocast)
         with torch.autocast(h.device.type, enabled=False):
             A_mem = memory_retrieve(sigma(q.to(M.dtype)), M, z, has_memory)          # (B, H, T, D)
 
-        # Eq. 10: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head
+        # Eq. 6: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head
         g = self.gate().view(1, H, 1, 1)
         A = (g * A_mem + (1.0 - g) * A_dot).to(A_dot.dtype)       # (B, H, T, D)
-        attn_out = self.drop(self.o_net(A.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)   Eq. 11
+        attn_out = self.drop(self.o_net(A.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)   O (§2.1.2)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
         return out, (k_rot, k, v)
 
     def update_memory(self, M, z, has_memory, k, v, rule):
-        """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 8 or 9."""
+        """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5."""
         with torch.autocast(k.device.type, enabled=False):
             return memory_update(sigma(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
 
@@ -366,9 +370,9 @@ class Model(nn.Module):
         h = self.drop(self.word_emb(idx))                         # (B, T, C)
         new_M, new_z = [], []
         for n, layer in enumerate(self.layers):
-            h, (_, k, v) = layer(h, memory.M[n], memory.z[n], has_memory, rope)    # retrieve first (Eq. 7) ...
+            h, (_, k, v) = layer(h, memory.M[n], memory.z[n], has_memory, rope)    # retrieve first (Eq. 3) ...
             M, z = layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v, c.memory_update)
-            new_M.append(M)                                       # ... then update (Eq. 8 / 9)
+            new_M.append(M)                                       # ... then update (Eq. 4 / 5)
             new_z.append(z)
         h = self.drop(self.ln_f(h))
         logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer

@@ -16,8 +16,8 @@ Two ideas, both in the attention:
      the "rel-shift" trick (see `rel_shift`).
 
 Reading order: Config → Memory → small blocks (copied between model files on purpose) → relative attention →
-block → model (init, forward, memory update, generate). The last section adds LaMemo's look-ahead memory
-(Ji et al., 2022, `lookahead=True`) on top; read Transformer-XL without it first.
+block → model (init, forward, memory update, generate). LaMemo's look-ahead memory (Ji et al., 2022), which refreshes
+this memory with the tokens on its right, is its own model: model_lamemo.py.
 
 Deliberate deviations from the paper's code (also listed in the README):
   - GPT-2 BPE tokens with a full tied softmax instead of word-level adaptive input/softmax; no output bias.
@@ -53,7 +53,6 @@ class Config:
     untie_r: bool = True      # True: u, v (r_w_bias, r_r_bias) per layer; False: one pair shared by all layers
     init_std: float = 0.02    # normal init of weights, as the paper's code
     use_sdpa: bool = True     # F.scaled_dot_product_attention with the positional term as a bias; False: manual
-    lookahead: bool = False   # LaMemo: the memory attends to the tokens on its right (see the LaMemo section)
 
     def __post_init__(self):
         for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'):
@@ -67,8 +66,6 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.n_embd % 2:
             raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
-        if self.lookahead and self.n_layer < 2:
-            raise ValueError("lookahead needs n_layer >= 2: a layer's refreshed memory is the next layer's input")
 
 
 @dataclass
@@ -282,9 +279,6 @@ class Model(nn.Module):
         self.apply(self._init_weights)
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
-        if config.lookahead:                                      # LaMemo's v+, the bias of look-ahead distances
-            self.r_r_bias_future = nn.Parameter(torch.empty(config.n_layer - 1 if config.untie_r else 1, H, D))
-            nn.init.normal_(self.r_r_bias_future, 0.0, config.init_std)
 
     def _init_weights(self, module):
         # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
@@ -304,8 +298,6 @@ class Model(nn.Module):
 
     def init_memory(self, batch_size, device, mem_len=None):
         """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (a longer one at eval)."""
-        if self.config.lookahead:
-            return lookahead_init_memory(self, batch_size, device, mem_len)
         c = self.config
         M = c.mem_len if mem_len is None else mem_len
         dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
@@ -314,8 +306,6 @@ class Model(nn.Module):
 
     def reset_memory(self, memory, mask):
         """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
-        if self.config.lookahead:
-            return lookahead_reset_memory(memory, mask)
         keep = ~mask
         return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype),
                       length=memory.length * keep)
@@ -363,8 +353,6 @@ class Model(nn.Module):
         B, T = idx.shape
         if T > self.config.seg_len:
             raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
-        if self.config.lookahead:
-            return lookahead_forward(self, idx, memory, targets)
         M = memory.mem.size(2)
         K = M + T
         mem_valid = torch.arange(M, device=idx.device)[None, :] >= (M - memory.length)[:, None]    # (B, M)
@@ -402,8 +390,6 @@ class Model(nn.Module):
         T, K, HD = c.seg_len, M + c.seg_len, c.n_head * c.d_head
         attention = 6 * 3 * c.n_layer * HD * K
         per_segment = 6 * c.n_layer * (2 * M * c.n_embd * HD + K * c.n_embd * HD) / T
-        if c.lookahead:
-            per_segment += lookahead_flops_per_segment(c, M) / T
         return 6 * self.num_params() + attention + per_segment
 
     # --- generation ---------------------------------------------------------------------------------------
@@ -414,8 +400,6 @@ class Model(nn.Module):
         Keys and values are cached: each new token costs one position's work, and when a segment of seg_len
         tokens is complete it becomes memory by dropping the oldest cached keys, exactly as forward() does.
         callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
-        if self.config.lookahead:
-            return lookahead_generate(self, idx, max_new_tokens, temperature, top_k, memory, callback)
         c = self.config
         B = idx.size(0)
         if memory is None:
@@ -444,326 +428,3 @@ class Model(nn.Module):
             return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position
 
         return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
-
-
-# -----------------------------------------------------------------------------------------------------------
-# LaMemo: look-ahead memory (lookahead=True)
-#
-# Ji et al., 2022, "LaMemo: Language Modeling with Look-Ahead Memory" (NAACL, arXiv 2204.07341), default
-# configuration of the authors' code (thu-coai/LaMemo, pytorch/mem_transformer.py, attn_type 3). Equation numbers
-# are not cited: the paper's text was not at hand, only the seed note's equations, which are quoted here with
-# the paper's names (look-ahead attention, memory interpolation, disentangled relative positions, §3).
-#
-# Transformer-XL's memory states never see the tokens that came after them. LaMemo refreshes them at every step.
-# At layer l, with memory input m^l (M positions) and segment input h^l (T positions):
-#   1. Look-ahead attention. The memory states issue queries q = m^l W_q. They attend to the keys of the window of
-#      W = min(T_prev, M) positions that ends at the segment's first token (the newest memory positions and that
-#      token), each only to keys on its right (an upper-triangular mask), with relative distances to the right:
-#          A^→_{i,j} = (q_i + u)·k_j + (q_i + v₊)·W_{k,R} R_{j-i},   j > i
-#      v₊ is `r_r_bias_future` ("disentangled" positions: the direction has its own bias, u is shared).
-#          C^→ = softmax(A^→ / √d) V,    s^→ = Σ_j exp(A^→_{i,j} / √d)   (log s^→ is a log-sum-exp)
-#   2. Memory interpolation. Each memory position keeps the attention output C^← (before W_o) and the normaliser
-#      s^← of every key it attended before, detached (sg). The two are merged:
-#          C^↔ = α sg(C^←) + (1 - α) C^→,    α = sg(s^←) / (sg(s^←) + s^→ + ε)
-#      which is one softmax over old ∪ new keys (test_lamemo checks it against the joint softmax); the merged
-#      normaliser s^← + s^→ is kept for the next step. (Seed 002's note swaps the arrows: the old side, the one
-#      stored, is the one detached.)
-#   3. The refreshed states go through the rest of the layer (W_o, residual, LayerNorm, feed-forward) and become
-#      layer l+1's memory input m^{l+1}. The segment's queries at layer l attend to [m^l ; h^l] as in
-#      Transformer-XL, m^l being refreshed by the layers below (m^0, the embeddings, is stored as is).
-# Only layer 0's memory is stored as hidden states; every layer but the last stores C^← and log s^← of its last
-# M positions. The last layer has no next layer to feed, so it refreshes nothing (the authors' code computes its
-# refresh and discards it; the outputs are the same) and has no v₊.
-# Every refreshed state has seen only tokens up to the segment's first token, which every query of the segment
-# sees too, so nothing leaks. Over the steps a memory state keeps looking further ahead while it stays in memory.
-#
-# Where the paper leaves a detail open, this follows the authors' code: u shared between both directions, v₊ a
-# separate bias; ε = 1e-6 added after subtracting the max; α's denominator keeps its gradient through s^→; the
-# segment's queries use the memory input m^l (refreshed by the layers below), not this layer's refreshed output.
-# Deviations: the window length is the previous segment's length T_prev (stored in the memory) where the code uses
-# the current one; both are the same when segments are equally long (training, evaluation), and T_prev makes the
-# windows tile exactly (every key is looked at once) and lets generate(), which cannot know the current segment's
-# length at its first token, equal forward(). The code keeps one u, v, v₊ for all layers; here untie_r applies to
-# v₊ as to u and v. A fresh stream's invalid memory slots (valid-slot count) are masked and refresh nothing.
-
-LOOKAHEAD_EPS = 1e-6   # ε of α, added after subtracting the max (the authors' code)
-
-
-@dataclass
-class LookAheadMemory(Memory):
-    """The memory of a LaMemo model (lookahead=True): fixed-shape, so torch.compile compiles once.
-    mem:      (1, B, M, C) layer 0's memory only (the embeddings of the last M positions); the other layers'
-              memory inputs are recomputed at every step by refreshing the layer below
-    length:   (B,) int64, how many of the M slots (the most recent ones) are valid
-    attn_vec: (n_layer - 1, B, H, M, D) per layer (but the last) and memory position, the attention output before
-              W_o (C^←), merged over every key the position has attended so far
-    attn_lse: (n_layer - 1, B, H, M) float32 (or the model's dtype if wider), the log-sum-exp of those scores (log s^←)
-    prev_len: (B,) int64, the length of the previous segment: the look-ahead window"""
-    attn_vec: torch.Tensor
-    attn_lse: torch.Tensor
-    prev_len: torch.Tensor
-
-
-def lookahead_init_memory(model, batch_size, device, mem_len=None):
-    """Model.init_memory with lookahead: empty memory for batch_size fresh streams."""
-    c = model.config
-    M = c.mem_len if mem_len is None else mem_len
-    B, L, H, D = batch_size, c.n_layer - 1, c.n_head, c.d_head   # the last layer refreshes nothing
-    dtype = model.word_emb.weight.dtype
-    zeros = dict(device=device, dtype=dtype)
-    return LookAheadMemory(mem=torch.zeros(1, B, M, c.n_embd, **zeros),
-                           length=torch.zeros(B, dtype=torch.long, device=device),
-                           attn_vec=torch.zeros(L, B, H, M, D, **zeros),
-                           attn_lse=torch.zeros(L, B, H, M, device=device, dtype=_lse_dtype(dtype)),
-                           prev_len=torch.zeros(B, dtype=torch.long, device=device))
-
-
-def lookahead_reset_memory(memory, mask):
-    """Model.reset_memory with lookahead: empty the rows where mask (B,) is True."""
-    keep = ~mask
-
-    def keep_rows(x):                                             # x: (L, B, ...)
-        return x * keep.view(1, -1, *[1] * (x.dim() - 2)).to(x.dtype)
-
-    return LookAheadMemory(mem=keep_rows(memory.mem), length=memory.length * keep,
-                           attn_vec=keep_rows(memory.attn_vec), attn_lse=keep_rows(memory.attn_lse),
-                           prev_len=memory.prev_len * keep)
-
-
-def _lse_dtype(dtype):
-    return torch.promote_types(dtype, torch.float32)
-
-
-def future_position_scores(q, r_k, W):
-    """The look-ahead positional scores (terms (b) + (d) with v+) of the memory queries against the W window keys.
-
-    q: (B, H, M, D) memory queries (+ v+); r_k: (H, M, D) W_{k,R} R for the distances 1..M (row c: distance c + 1).
-    Out: y[..., i, j] = q_i · r_k[M - W + j - i]: query i with the window key at position M - W + 1 + j of
-    [memory ; segment], distance M - W + 1 + j - i. Entries for keys at or left of the query (distance <= 0) are
-    garbage and must be masked, as they always are.
-    Scoring every query against every distance and rel-shifting (the authors' `_rel_shift_future`) costs O(M²)
-    time and memory, although only W distances per query are used. Here the queries go in blocks of W: a block
-    needs 2W - 1 consecutive distances, scored as one (W, 2W) product, from which each row takes its W: O(M W),
-    linear in the memory length. (Plain index_select and gather: a strided-view version of the same skew made
-    inductor's multithreaded CPU backward abort.)
-    """
-    B, H, M, D = q.shape
-    nb = -(-M // W)                                               # blocks of W queries
-    q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
-    # block a needs the distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW; rows outside 0..M-1
-    # only ever meet masked entries and read zeros
-    pad = (nb + 1) * W - M - 1                                    # zero rows before row 0
-    r = F.pad(r_k, (0, 0, pad, 1))                                # (H, pad + M + 1, D)
-    first = pad + M - 2 * W + 1 - W * torch.arange(nb, device=q.device)           # (nb,) c0(a) in r's rows
-    rows = first[:, None] + torch.arange(2 * W, device=q.device)                   # (nb, 2W)
-    r = r.index_select(1, rows.flatten()).view(H, nb, 2 * W, D)   # (H, nb, 2W, D)
-    s = torch.einsum('bhaid,hacd->bhaic', q, r)                   # (B, H, nb, W, 2W)
-    i = torch.arange(W, device=q.device)
-    take = (W - 1 - i[:, None] + i[None, :]).expand(B, H, nb, W, W)                # y[i, j] = s[i, W - 1 - i + j]
-    return s.gather(-1, take).reshape(B, H, nb * W, W)[:, :, :M]  # (B, H, M, W)
-
-
-def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
-    """Memory interpolation: C^↔ = α sg(C^←) + (1 - α) C^→, α = sg(s^←) / (sg(s^←) + s^→ + ε), computed stably
-    from the log-sum-exps (subtract the max, as the authors' code). With ε = 0 this is one softmax over the old
-    and the new keys together. old_vec, new_vec: (B, H, M, D); old_lse, new_lse: (B, H, M).
-    Returns the merged (vec, lse); lse = log(s^← + s^→)."""
-    old_vec, old_lse = old_vec.detach(), old_lse.detach()
-    top = torch.maximum(old_lse, new_lse)
-    s_old, s_new = (old_lse - top).exp(), (new_lse - top).exp()  # (B, H, M), the larger one is 1
-    alpha = (s_old / (s_old + s_new + eps))[..., None]          # (B, H, M, 1)
-    vec = alpha * old_vec + (1 - alpha) * new_vec
-    return vec, torch.logaddexp(old_lse, new_lse)
-
-
-def _softmax_with_lse(attn, score, mask, v):
-    """softmax(score) v with the log-sum-exp of every row, which LaMemo stores (SDPA does not return it).
-    score: (B, H, Q, K) already scaled; mask: (B, 1, Q, K) True where allowed; v: (B, H, K, D).
-    Returns (B, H, Q, D) and the log-sum-exp (B, H, Q) in float32 or wider."""
-    score = score.to(_lse_dtype(score.dtype)).masked_fill(~mask, float('-inf'))
-    lse = torch.logsumexp(score, dim=-1)                          # (B, H, Q)   log s
-    prob = attn.dropatt(torch.exp(score - lse[..., None]).to(v.dtype))
-    return torch.einsum('bhij,bhjd->bhid', prob, v), lse
-
-
-def _attend(model, n, attn, h, mem_kv, r, attn_mask):
-    """The segment's queries: RelMultiHeadAttn.forward's relative attention (terms (a)-(d)), written out to get
-    the log-sum-exps. h: (B, T, C); mem_kv: keys and values (B, H, S, D) of the S positions before h; r: (S+T, C).
-    Returns the attention output before W_o (B, H, T, D), its log-sum-exp (B, H, T), and (k, v) of all S+T."""
-    B, T, _ = h.shape
-    H, D = attn.n_head, attn.d_head
-    u, v_bias = model._u_v(n)
-    x = attn.layer_norm(h) if attn.pre_lnorm else h
-    q = attn.q_net(x).view(B, T, H, D).transpose(1, 2)           # (B, H, T, D)
-    k_new, v_new = attn.keys_values(h)
-    k = torch.cat([mem_kv[0], k_new], dim=2)                      # (B, H, K, D)
-    v = torch.cat([mem_kv[1], v_new], dim=2)
-    r_k = attn.r_net(r).view(k.size(2), H, D).transpose(0, 1)    # (H, K, D)
-    AC = torch.einsum('bhid,bhjd->bhij', q + u[:, None], k)                        # (B, H, T, K)
-    BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + v_bias[:, None], r_k))       # (B, H, T, K)
-    vec, lse = _softmax_with_lse(attn, (AC + BD) * attn.scale, attn_mask, v)
-    return vec, lse, (k, v)
-
-
-def _look_ahead(model, n, attn, mem, kv, r_future, mask):
-    """Look-ahead attention: memory query i attends to the window keys on its right.
-    mem: (B, M, C) the layer's memory input; kv: (k, v) (B, H, M+T, D) of [memory ; segment]; r_future: (M, C)
-    R for the distances 1..M; mask: (B, 1, M, W) over the window, the W positions M-W+1..M of [memory ; segment].
-    Returns C^→ (B, H, M, D) and log s^→ (B, H, M)."""
-    B, M, _ = mem.shape
-    H, D, W = attn.n_head, attn.d_head, mask.size(-1)
-    u, _ = model._u_v(n)
-    v_future = model.r_r_bias_future[n if model.config.untie_r else 0]             # v+
-    x = attn.layer_norm(mem) if attn.pre_lnorm else mem
-    q = attn.q_net(x).view(B, M, H, D).transpose(1, 2)           # (B, H, M, D)
-    k, v = (t[:, :, M - W + 1:M + 1] for t in kv)                 # (B, H, W, D) the window
-    r_k = attn.r_net(r_future).view(M, H, D).transpose(0, 1)     # (H, M, D)   W_{k,R} R_{1..M}
-    AC = torch.einsum('bhid,bhjd->bhij', q + u[:, None], k)                        # (B, H, M, W)
-    BD = future_position_scores(q + v_future[:, None], r_k, W)                     # (B, H, M, W), key j
-    return _softmax_with_lse(attn, (AC + BD) * attn.scale, mask, v)
-
-
-def _block_rest(layer, h, vec):
-    """The rest of the block after the attention weights: W_o, dropout, residual, LayerNorm, feed-forward, as
-    RelMultiHeadAttn.forward and Block.forward. h: (B, S, C) the layer input; vec: (B, H, S, D)."""
-    attn = layer.attn
-    B, S, _ = h.shape
-    attn_out = attn.drop(attn.o_net(vec.transpose(1, 2).reshape(B, S, -1)))     # (B, S, C)
-    out = h + attn_out if attn.pre_lnorm else attn.layer_norm(h + attn_out)
-    return layer.ff(out)
-
-
-def _look_ahead_mask(memory, W):
-    """(B, 1, M, W): memory slot i may attend the window key at position p = M-W+1+j of [memory ; segment] when p
-    is on its right (p > i), valid, and not yet looked at: in the previous segment but not its first token (which
-    was the end of the previous window), p > M - prev_len, or the segment's first token p = M."""
-    M = memory.mem.size(2)
-    device = memory.length.device
-    i = torch.arange(M, device=device)[:, None]                   # (M, 1)
-    p = torch.arange(M - W + 1, M + 1, device=device)             # (W,)
-    right = (p[None] > i)[None]                                   # (1, M, W)
-    unseen = (p[None] > (M - memory.prev_len)[:, None]) | (p == M)[None]          # (B, W)
-    valid = p[None] >= (M - memory.length)[:, None]                                 # (B, W)
-    return (right & (unseen & valid)[:, None])[:, None]          # (B, 1, M, W)
-
-
-def _future_positions(model, M, device):
-    """R for the distances 1..M to the right (clamped at clamp_len), with dropout as R."""
-    pos_seq = torch.arange(1.0, M + 1, device=device)
-    if model.config.clamp_len > 0:
-        pos_seq = pos_seq.clamp(max=model.config.clamp_len)
-    return model.drop(model.pos_emb(pos_seq).to(model.word_emb.weight.dtype))   # (M, C)
-
-
-def lookahead_layers(model, h, memory):
-    """All layers for the first T tokens of a segment, refreshing the memory on the way up.
-    h: (B, T, C) embeddings h^0. Returns the last layer's output (B, T, C) and a dict with, per layer:
-    'kv' (k, v) of [memory ; tokens], 'mem' the merged (C^↔, log s) of the memory positions (all layers but the
-    last), 'seg' the tokens' own (C, log s), 'mem_in' the layer's memory input m^l (B, M, C); and 'key_valid'
-    (B, M+T)."""
-    c = model.config
-    B, T, _ = h.shape
-    M = memory.mem.size(2)
-    mem_valid = torch.arange(M, device=h.device)[None, :] >= (M - memory.length)[:, None]   # (B, M)
-    key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1)                       # (B, M+T)
-    attn_mask = model._attn_mask(key_valid, T, M)                 # (B, 1, T, M+T)
-    r = model._relative_positions(M + T, h.device)                # (M+T, C)
-    if M > 0:
-        la_mask = _look_ahead_mask(memory, min(c.seg_len, M))     # (B, 1, M, W)
-        r_future = _future_positions(model, M, h.device)          # (M, C)
-    state = dict(kv=[], mem=[], seg=[], mem_in=[], key_valid=key_valid)
-    mem = memory.mem[0]                                           # (B, M, C) m^0, stored
-    for n, layer in enumerate(model.layers):
-        state['mem_in'].append(mem)
-        vec, lse, kv = _attend(model, n, layer.attn, h, layer.attn.keys_values(mem), r, attn_mask)
-        if n < c.n_layer - 1:                                     # the last layer has no next layer to refresh
-            old = (memory.attn_vec[n], memory.attn_lse[n])        # (B, H, M, D), (B, H, M)
-            if M > 0:
-                new_vec, new_lse = _look_ahead(model, n, layer.attn, mem, kv, r_future, la_mask)
-                merged = lookahead_merge(*old, new_vec, new_lse)
-                keep = mem_valid[:, None, :]                      # (B, 1, M): invalid slots refresh nothing
-                old = (torch.where(keep[..., None], merged[0], old[0]), torch.where(keep, merged[1], old[1]))
-                mem = _block_rest(layer, mem, old[0])             # m^{l+1}
-            state['mem'].append(old)
-        state['kv'].append(kv)
-        state['seg'].append((vec, lse))
-        h = _block_rest(layer, h, vec)
-    return h, state
-
-
-def lookahead_new_memory(memory, emb, mem_states, seg_states):
-    """The memory after a segment of T tokens: layer 0's memory rolls FIFO over the embeddings emb (B, T, C);
-    every layer but the last (len(mem_states) of them) keeps C and log s of the last M positions (the merged ones for old positions, the segment's own
-    for new ones); all detached."""
-    M, T = memory.mem.size(2), emb.size(1)
-    dtype, lse_dtype = memory.attn_vec.dtype, memory.attn_lse.dtype
-    mem = torch.cat([memory.mem[0], emb.to(dtype)], dim=1)[:, T:]                       # (B, M, C)
-    attn_vec = torch.stack([torch.cat([m[0].to(dtype), s[0].to(dtype)], dim=2)[:, :, T:]
-                            for m, s in zip(mem_states, seg_states)])                    # (L, B, H, M, D)
-    attn_lse = torch.stack([torch.cat([m[1].to(lse_dtype), s[1].to(lse_dtype)], dim=2)[:, :, T:]
-                            for m, s in zip(mem_states, seg_states)])                    # (L, B, H, M)
-    return LookAheadMemory(mem=mem[None].detach().contiguous(), length=(memory.length + T).clamp(max=M),
-                           attn_vec=attn_vec.detach().contiguous(), attn_lse=attn_lse.detach().contiguous(),
-                           prev_len=torch.full_like(memory.prev_len, T))
-
-
-def lookahead_forward(model, idx, memory, targets=None):
-    """Model.forward with lookahead."""
-    h0 = model.drop(model.word_emb(idx))                          # (B, T, C)  h^0
-    h, state = lookahead_layers(model, h0, memory)
-    h = model.drop(model.ln_f(h))
-    logits = F.linear(h, model.word_emb.weight)                   # (B, T, V)
-    new_memory = lookahead_new_memory(memory, h0, state['mem'], state['seg'])
-    loss, aux = None, {}
-    if targets is not None:
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-        aux['lm_loss'] = loss.detach()
-    return logits, loss, new_memory, aux
-
-
-def lookahead_flops_per_segment(c, M):
-    """Training FLOPs per segment that the look-ahead adds in every layer but the last: W_q, W_o and the
-    feed-forward over the M memory positions, W_{k,R} over the M future distances, and the look-ahead attention
-    (M queries: W keys, 2W distances, W values)."""
-    W, HD = min(c.seg_len, M), c.n_head * c.d_head
-    return 6 * (c.n_layer - 1) * (M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 4 * HD * M * W)
-
-
-@torch.no_grad()
-def lookahead_generate(model, idx, max_new_tokens, temperature, top_k, memory, callback):
-    """Model.generate with lookahead. A segment's first tokens refresh the memory as forward() does and cache the
-    keys and values of [refreshed memory ; tokens]; later tokens of the segment attend to the cache. When the
-    segment is complete its state becomes the memory, exactly as forward() builds it."""
-    c = model.config
-    B = idx.size(0)
-    if memory is None:
-        memory = model.init_memory(B, idx.device)
-    M = memory.mem.size(2)
-    seg = None                                                    # the open segment's state (lookahead_layers)
-
-    def step(tokens):
-        nonlocal memory, seg
-        T = tokens.size(1)
-        h = model.drop(model.word_emb(tokens))                    # (B, T, C)
-        if seg is None:
-            h_out, seg = lookahead_layers(model, h, memory)
-            seg['emb'], seg['seg'] = [h], [[s] for s in seg['seg']]
-        else:
-            seg['key_valid'] = torch.cat([seg['key_valid'], seg['key_valid'].new_ones(B, T)], dim=1)
-            K = seg['key_valid'].size(1)
-            attn_mask = model._attn_mask(seg['key_valid'], T, M)
-            r = model._relative_positions(K, tokens.device)
-            seg['emb'].append(h)
-            h_out = h
-            for n, layer in enumerate(model.layers):
-                vec, lse, seg['kv'][n] = _attend(model, n, layer.attn, h_out, seg['kv'][n], r, attn_mask)
-                seg['seg'][n].append((vec, lse))
-                h_out = _block_rest(layer, h_out, vec)
-        if seg['key_valid'].size(1) - M == c.seg_len:             # segment complete: it becomes the memory
-            seg_states = [(torch.cat([s[0] for s in states], dim=2), torch.cat([s[1] for s in states], dim=2))
-                          for states in seg['seg']]
-            memory = lookahead_new_memory(memory, torch.cat(seg['emb'], dim=1), seg['mem'], seg_states)
-            seg = None
-        return F.linear(model.ln_f(h_out[:, -1]), model.word_emb.weight)   # (B, V)
-
-    return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)

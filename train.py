@@ -7,17 +7,15 @@ Train any nanomem model on a prepared token dataset, one segment after another w
     torchrun --nproc_per_node=8 train.py config/xl_pg19.py             # DDP: each rank its own streams
 
 Flags are the fields of TrainConfig below plus the fields of the chosen model's Config (model_<name>.py).
-Config files hold `name = literal` lines only. An unknown or mistyped flag is an error.
+Config files hold `name = literal` lines only. An unknown or mistyped flag is an error (configurator.py).
 
-The data are read as Transformer-XL's ordered iterator does: the token file is cut into n_streams contiguous
-streams (batch_size rows x gradient_accumulation_steps micro-batches x world_size ranks), each read one segment
-of seg_len tokens after another, so a row's memory always holds the text just before its current segment.
+The data are read as Transformer-XL's ordered iterator does (data/loader.py): the token file is cut into
+n_streams contiguous streams (batch_size rows x gradient_accumulation_steps micro-batches x world_size ranks), each
+read one segment of seg_len tokens after another, so a row's memory always holds the text just before its current
+segment.
 """
 
-import ast
 import dataclasses
-import difflib
-import importlib
 import json
 import math
 import os
@@ -33,7 +31,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-REPO = Path(__file__).resolve().parent
+import configurator
+from configurator import REPO, UserError, available_models, import_model, read_config_file, run_cli  # noqa: F401
+from data.loader import (EvalSet, StreamLoader, data_tokenizer, eval_set, eval_stream_bounds,  # noqa: F401
+                         load_meta, load_split, vocab_from_data)
 CKPT_FORMAT = 'nanomem-checkpoint-1'
 
 
@@ -99,212 +100,9 @@ class TrainConfig:
             raise ValueError(f"eval_split must be train, validation or test, got {self.eval_split!r}")
 
 
-class UserError(Exception):
-    """Bad input from the user: reported as one line, without a traceback."""
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Flags and config files
-
-
-def available_models():
-    return sorted(p.stem[len('model_'):] for p in REPO.glob('model_*.py'))
-
-
-def import_model(name):
-    if name not in available_models():
-        raise UserError(f"unknown model {name!r}; available: {', '.join(available_models())}")
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    return importlib.import_module(f'model_{name}')
-
-
-def read_config_file(path):
-    """A config file is `name = literal` lines (and comments): parsed, never executed."""
-    try:
-        source = Path(path).read_text()
-    except OSError as e:
-        raise UserError(f"cannot read config file {path}: {e.strerror}")
-    try:
-        tree = ast.parse(source, filename=str(path))
-    except SyntaxError as e:
-        raise UserError(f"{path}:{e.lineno}: syntax error in config file")
-    values = {}
-    for node in tree.body:
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            continue                                                    # a docstring
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            raise UserError(f"{path}:{node.lineno}: config files may only contain `name = literal` lines")
-        try:
-            values[node.targets[0].id] = ast.literal_eval(node.value)
-        except ValueError:
-            raise UserError(f"{path}:{node.lineno}: the value of {node.targets[0].id} must be a literal")
-    return values
-
-
-def _article(typ):
-    return {int: 'an int', float: 'a float', bool: 'True or False', str: 'a string'}.get(typ, typ.__name__)
-
-
-def _convert(name, value, typ):
-    """Convert a flag string (or check a config-file literal) to the field's type."""
-    if typing.get_origin(typ) is typing.Union:                     # Optional[X]
-        if value is None or (isinstance(value, str) and value == 'None'):
-            return None
-        typ = [t for t in typing.get_args(typ) if t is not type(None)][0]
-    if isinstance(value, str) and typ is not str:
-        if typ is bool:
-            if value.lower() in ('true', '1', 'yes'):
-                return True
-            if value.lower() in ('false', '0', 'no'):
-                return False
-            raise UserError(f"--{name} takes True or False, got {value!r}")
-        try:
-            return typ(value)
-        except ValueError:
-            raise UserError(f"--{name} takes {_article(typ)}, got {value!r}")
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise UserError(f"{name} takes {_article(typ)}, got {value!r}")
-    return value
-
-
-def parse_args(argv, train_cls=None, allow_model_fields=True):
-    """argv -> (train config, model module, model config, names the user set). Config files first, then flags."""
-    train_cls = train_cls or TrainConfig
-    overrides = {}
-    for arg in argv:
-        if arg.startswith('--'):
-            if '=' not in arg:
-                raise UserError(f"flags are written --name=value, got {arg!r}")
-            key, value = arg[2:].split('=', 1)
-            overrides[key.replace('-', '_')] = value
-        elif arg.endswith('.py'):
-            overrides.update(read_config_file(arg))
-        else:
-            raise UserError(f"unexpected argument {arg!r} (expected a config/*.py file or --name=value)")
-
-    train_fields = {f.name: f for f in dataclasses.fields(train_cls)}
-    module, model_fields = None, {}
-    if allow_model_fields:
-        model_name = overrides.get('model', train_fields['model'].default)
-        module = import_model(str(model_name))
-        model_fields = {f.name: f for f in dataclasses.fields(module.Config)}
-    train_types = typing.get_type_hints(train_cls)
-    model_types = typing.get_type_hints(module.Config) if module else {}
-
-    train_kw, model_kw = {}, {}
-    for key, value in overrides.items():
-        if key in train_fields:
-            train_kw[key] = _convert(key, value, train_types[key])
-        elif key in model_fields:
-            model_kw[key] = _convert(key, value, model_types[key])
-        else:
-            known = list(train_fields) + list(model_fields)
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean --{close[0]}?)" if close else ""
-            raise UserError(f"unknown flag --{key}{hint}")
-    try:
-        train_cfg = train_cls(**train_kw)
-        model_cfg = module.Config(**model_kw) if module else None
-    except ValueError as e:
-        raise UserError(str(e))
-    return train_cfg, module, model_cfg, set(overrides)
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Data
-
-
-def load_split(data_dir, split):
-    path = Path(data_dir) / f'{split}.bin'
-    if not path.exists():
-        name = Path(data_dir).name
-        base, flag = (name[:-len('_bytes')], ' --tokenizer=bytes') if name.endswith('_bytes') else (name, '')
-        prepare = REPO / 'data' / base / 'prepare.py'
-        if prepare.exists():
-            raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}{flag}` first")
-        known = sorted(p.parent.name for p in (REPO / 'data').glob('*/prepare.py'))
-        raise UserError(f"no data at {path}; datasets with a prepare.py: {', '.join(known)}")
-    return np.memmap(path, dtype=np.uint16, mode='r')
-
-
-def load_meta(data_dir):
-    path = Path(data_dir) / 'meta.json'
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def data_tokenizer(meta):
-    """The Tokenizer that meta.json names (data/tokenizer.py), or None when it names none (hand-made data)."""
-    if 'tokenizer' not in meta:
-        return None
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from data.tokenizer import TokenizerError, from_meta
-    try:
-        return from_meta(meta)
-    except TokenizerError as e:
-        raise UserError(f"meta.json: {e}")
-
-
-def vocab_from_data(model_cfg, given, tokenizer):
-    """Byte and character data set the model's vocabulary (256, 27, ...) unless --vocab_size was given; on GPT-2
-    data the model keeps its default (50304: GPT-2's 50257 padded to a multiple of 64)."""
-    if tokenizer is None or tokenizer.name == 'gpt2' or 'vocab_size' in given:
-        return model_cfg
-    return dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)
-
-
-@dataclass
-class EvalSet:
-    """A split to evaluate: its tokens, and what turns the summed NLL into per-word and per-byte figures."""
-    data: np.ndarray
-    words: typing.Optional[int] = None           # words of the whole split (meta.json), for word-level perplexity
-    byte_lengths: typing.Optional[np.ndarray] = None  # bytes of text per token id (0 for end-of-document)
-    unit: str = 'bpb'                            # 'bpc' on byte/character data, 'bpb' (bits per byte) on BPE data
-
-
-def eval_set(data, meta, split, tokenizer):
-    words = meta.get('splits', {}).get(split, {}).get('words')
-    if tokenizer is None:
-        return EvalSet(data, words)
-    unit = 'bpb' if tokenizer.name == 'gpt2' else 'bpc'
-    return EvalSet(data, words, tokenizer.byte_lengths(), unit)
-
-
-class StreamLoader:
-    """Rows [first_stream, first_stream + batch_size) of n_streams contiguous streams over a token file.
-    get(position) returns the segment number `position` of every row (wrapping around at the end of an epoch),
-    with the mask of rows whose memory must be emptied before it (epoch start; document start if asked)."""
-
-    def __init__(self, data, n_streams, first_stream, batch_size, seg_len, doc_starts=None):
-        self.data, self.seg_len, self.doc_starts = data, seg_len, doc_starts
-        stream_len = (len(data) - 1) // n_streams
-        self.n_segments = stream_len // seg_len                   # per stream per epoch (the tail is dropped)
-        if self.n_segments < 1:
-            raise UserError(f"the data ({len(data)} tokens) is too small for {n_streams} streams of "
-                            f"seg_len={seg_len}: use a smaller batch_size or seg_len")
-        self.starts = (np.arange(first_stream, first_stream + batch_size) * stream_len).astype(np.int64)
-
-    def get(self, position):
-        seg = position % self.n_segments
-        offsets = self.starts + seg * self.seg_len                                  # (B,)
-        index = offsets[:, None] + np.arange(self.seg_len + 1)[None, :]             # (B, T+1)
-        chunk = torch.from_numpy(self.data[index].astype(np.int64))
-        reset = np.full(len(offsets), seg == 0 and position > 0)
-        if self.doc_starts is not None:
-            lo = np.searchsorted(self.doc_starts, offsets, side='left')
-            hi = np.searchsorted(self.doc_starts, offsets + self.seg_len, side='left')
-            reset |= (hi > lo) & (position > 0)
-        return chunk[:, :-1], chunk[:, 1:], torch.from_numpy(reset)
-
-
-def eval_stream_bounds(n_tokens, n_streams):
-    """Split the n_tokens - 1 predictions of a split into n_streams contiguous runs, so every token after the
-    first is predicted exactly once: stream s reads inputs [a_s, b_s) and predicts tokens [a_s + 1, b_s + 1)."""
-    bounds = np.linspace(0, n_tokens - 1, n_streams + 1).round().astype(np.int64)
-    return bounds[:-1], bounds[1:]
+def parse_args(argv, train_cls=TrainConfig, allow_model_fields=True):
+    """configurator.parse_args with train.py's TrainConfig by default."""
+    return configurator.parse_args(argv, train_cls, allow_model_fields)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -352,7 +150,20 @@ def load_checkpoint(path, device='cpu'):
         raise UserError(f"{path} is not a loadable nanomem checkpoint ({type(e).__name__})")
     if not isinstance(ckpt, dict) or ckpt.get('format') != CKPT_FORMAT:
         raise UserError(f"{path} is not a nanomem checkpoint")
-    return ckpt
+    return upgrade_checkpoint(ckpt)
+
+
+def upgrade_checkpoint(ckpt):
+    """Checkpoints written before LaMemo left model_xl.py carry model_xl's `lookahead` field. With lookahead=True
+    they hold a LaMemo model (the same weights and memory fields under the same names), so they load as model
+    'lamemo' (use_sdpa never applied to it); with lookahead=False the field is dropped."""
+    cfg = ckpt['model_config']
+    if ckpt['model_name'] != 'xl' or 'lookahead' not in cfg:
+        return ckpt
+    if cfg['lookahead']:
+        return {**ckpt, 'model_name': 'lamemo',
+                'model_config': {k: v for k, v in cfg.items() if k not in ('lookahead', 'use_sdpa')}}
+    return {**ckpt, 'model_config': {k: v for k, v in cfg.items() if k != 'lookahead'}}
 
 
 def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
@@ -910,15 +721,6 @@ def finish_ddp(ddp):
     if ddp:
         torch.distributed.barrier()                              # rank 0 may still be writing the checkpoint
         torch.distributed.destroy_process_group()
-
-
-def run_cli(fn, argv=None):
-    """Run fn(argv); bad input is one line on stderr and exit status 2, never a traceback."""
-    try:
-        fn(sys.argv[1:] if argv is None else argv)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
 
 
 def main(argv=None):

@@ -40,7 +40,7 @@ def variant_table(mem_len=128, cmem_len=64, n_basis=128):
     return {
         'baseline': dict(model='xl', mem_len=0),                      # Transformer-XL without memory
         'xl': dict(model='xl', mem_len=mem_len),
-        'xl_lookahead': dict(model='xl', mem_len=mem_len, lookahead=True),    # LaMemo
+        'lamemo': dict(model='lamemo', mem_len=mem_len),
         'compressive': dict(model='compressive', mem_len=mem_len, cmem_len=cmem_len, compression_rate=2),
         'infini_linear': dict(model='infini', memory_update='linear'),
         'infini_delta': dict(model='infini', memory_update='delta'),

@@ -2,7 +2,7 @@
 Cost as the usable history grows: training step time (forward + backward + AdamW) and the peak memory of a step,
 against the number of past tokens a model can draw on.
 
-    XL, LaMemo (xl_lookahead)   memory length mem_len                     (attention over it: linear growth)
+    XL, LaMemo                  memory length mem_len                     (attention over it: linear growth)
     Compressive                 mem_len + c * cmem_len as cmem_len grows  (linear growth)
     Infini, the ∞-former        tokens already read, 1k ... 64k           (a fixed-size state: must stay flat)
 
@@ -28,13 +28,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-AXIS = {'xl': 'mem_len', 'xl_lookahead': 'mem_len', 'compressive': 'cmem_len',
+AXIS = {'xl': 'mem_len', 'lamemo': 'mem_len', 'compressive': 'cmem_len',
         'infini_linear': 'tokens read', 'infini_delta': 'tokens read', 'infformer': 'tokens read'}
 
 
 @dataclass
 class ScalingConfig:
-    variants: str = 'xl,xl_lookahead,compressive,infini_linear,infini_delta,infformer'
+    variants: str = 'xl,lamemo,compressive,infini_linear,infini_delta,infformer'
     device: str = 'cpu'
     batch_size: int = 8
     dtype: str = 'auto'            # auto: bfloat16 on CUDA, float32 on CPU (as train.py)

@@ -6,7 +6,7 @@ the model's KV cache against recomputing the open window through forward().
     python bench/speed.py                                   # CPU, the matched size, every variant present
     python bench/speed.py --variants=baseline,xl --steps=20
     python bench/speed.py --device=cuda --batch_size=32     # a GPU
-    python bench/speed.py --profile=xl_lookahead            # + torch.profiler tables of one eager fp32 step
+    python bench/speed.py --profile=lamemo                  # + torch.profiler tables of one eager fp32 step
     python bench/speed.py --size=demo --parts=train,eval --modes=eager   # step times at config/*_demo.py's size
 
 Background load from other processes moves absolute numbers, so everything runs in one process with the

@@ -2,8 +2,8 @@
 d_model 410, 10 heads of 41, d_inner 2100, segment 150, Adam 2.5e-4 with cosine decay, clip 0.25), so the two
 compare: the FIFO memory of 150 is kept and a compressed memory of 150 slots at rate c = 3 (the paper's rate on
 enwik8) is added, reaching 150 + 3 x 150 = 600 positions back with 300 memory keys. The paper's own
-WikiText-103 model is not reproduced here. Evaluation: segments of 64 with a FIFO memory of 640, as
-config/xl_wt103.py.
+WikiText-103 model is not reproduced here. Evaluation: segments of 63 with a FIFO memory of 639 (config/xl_wt103.py's
+64 and 640, rounded down to multiples of c = 3, so every evicted state is compressed).
 Differences from the paper as in config/xl_wt103.py (GPT-2 BPE with a full softmax: compare word perplexity).
 
     python data/wikitext103/prepare.py
@@ -33,6 +33,6 @@ warmup_iters = 0
 max_iters = 200000
 grad_clip = 0.25
 eval_interval = 4000
-eval_seg_len = 64
-eval_mem_len = 640
+eval_seg_len = 63
+eval_mem_len = 639
 eval_batch_size = 10

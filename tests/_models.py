@@ -8,7 +8,7 @@ TINY_XL = dict(vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner
 
 TINY_MODELS = {
     'xl': dict(model='xl', **TINY_XL),
-    'xl_lookahead': dict(TINY_XL, model='xl', n_layer=2, lookahead=True),   # LaMemo needs >= 2 layers
+    'lamemo': dict(TINY_XL, model='lamemo', n_layer=2),                      # LaMemo needs >= 2 layers
     'compressive': dict(model='compressive', vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32,
                         seg_len=8, mem_len=8, cmem_len=8, compression_rate=2, dropout=0.0, dropatt=0.0),
     'infini': dict(model='infini', vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32, seg_len=8,

@@ -30,7 +30,7 @@ from _models import TINY_MODELS  # noqa: E402
 TINY_VARIANTS = {
     'baseline': dict(TINY_MODELS['xl'], mem_len=0),
     'xl': TINY_MODELS['xl'],
-    'xl_lookahead': TINY_MODELS['xl_lookahead'],
+    'lamemo': TINY_MODELS['lamemo'],
     'compressive': TINY_MODELS['compressive'],
     'infini_linear': dict(TINY_MODELS['infini'], memory_update='linear'),
     'infini_delta': dict(TINY_MODELS['infini'], memory_update='delta'),

@@ -1,13 +1,14 @@
 """
 CPU tests for model_compressive.py (the Compressive Transformer, SPEC §1 contract and §3).
 
-Tiny configs throughout (1-2 layers, n_embd 16, vocab 97, seg_len 3-8). Exact properties are checked in float64
+Tiny configs throughout (1-2 layers, n_embd 16, vocab 97, seg_len 2-8). Exact properties are checked in float64
 (model.double()) against slow references written here: Algorithm 1 on Python lists, the compression functions by
 hand, the relative attention one (query, key, head) at a time. The manual attention path takes its softmax in
 float32, so comparisons that involve it use ~1e-6 tolerances.
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,7 +16,10 @@ import torch.nn.functional as F
 
 import model_xl
 from _model_tests import F64, V, assert_close, differs, run_segments, sinusoid, tokens, train_on_repeated_pattern
-from model_compressive import COMPRESSIONS, Compression, Config, Memory, Model
+from _models import TINY_MODELS
+from _train_util import assert_one_line_error, flags, load, make_pattern_dataset, run_python
+from model_compressive import (COMPRESSIONS, Compression, Config, Model, Usage, group_evicted, push_fifo,
+                               right_aligned)
 
 
 def make_model(dtype=F64, seed=0, **overrides):
@@ -31,9 +35,9 @@ def random_memory(model, B, cmem_lengths, mem_lengths, seed=123):
     """A memory whose every slot (valid or not) holds random states, with the given valid counts per row."""
     m = model.init_memory(B, 'cpu')
     g = torch.Generator().manual_seed(seed)
-    return Memory(mem=torch.randn(m.mem.shape, generator=g, dtype=F64).to(m.mem.dtype),
-                  cmem_length=torch.tensor(cmem_lengths), mem_length=torch.tensor(mem_lengths),
-                  attn_mass=m.attn_mass, attn_queries=m.attn_queries)
+    return replace(m, cmem=torch.randn(m.cmem.shape, generator=g, dtype=F64).to(m.cmem.dtype),
+                   mem=torch.randn(m.mem.shape, generator=g, dtype=F64).to(m.mem.dtype),
+                   cmem_length=torch.tensor(cmem_lengths), mem_length=torch.tensor(mem_lengths))
 
 
 def is_compression_param(name):
@@ -44,67 +48,71 @@ def is_compression_param(name):
 # 1. Algorithm 1 (memory update) against a slow reference on Python lists
 
 
-def reference_update(model, rows, hids, usage=None):
-    """Algorithm 1, lines 8-11, one row and one layer at a time, on lists of vectors.
+def reference_update(model, rows, hids, mem_len, usage=None):
+    """Algorithm 1, lines 8-11, one row and one layer at a time, on lists of vectors: m keeps its last mem_len
+    states, the ones that fall out are compressed in groups of c (the oldest n mod c of them forgotten: only a
+    shorter segment or an init_memory mem_len that is not a multiple of c has any), cm keeps its last cmem_len.
     rows[b][n] = {'cm': [...], 'm': [...], 'use': [(mass, queries) per m entry]}; hids (L, B, T, C);
-    usage: (L, B, S+T) mass and (B, S+T) queries this segment gave the keys, for most_used."""
+    usage: (L, B, S+T) mass and (B, S+T) queries this segment gave the keys [cm ; m ; h], for most_used."""
     c = model.config
+    rate = c.compression_rate
     L, B, T, C = hids.shape
     for b in range(B):
         for n in range(L):
             row = rows[b][n]
             row['m'] = row['m'] + [hids[n, b, t] for t in range(T)]
             row['use'] = row['use'] + [(0.0, 0.0)] * T
-            if usage is not None:                                  # keys: [padding ; cm ; m(old) ; h], right-aligned
+            if usage is not None:                                  # m (old) and h are the last keys
                 mass, queries = usage
                 K = mass.size(-1)
                 for k in range(len(row['m'])):
                     key = K - len(row['m']) + k
                     used, seen = row['use'][k]
                     row['use'][k] = (used + float(mass[n, b, key]), seen + float(queries[b, key]))
-            if c.cmem_len == 0:
-                row['m'], row['use'] = row['m'][-c.mem_len:], row['use'][-c.mem_len:]
-                continue
-            n_new = max(0, len(row['m']) - c.mem_len) // c.compression_rate
-            e = n_new * c.compression_rate
-            old, old_use = row['m'][:e], row['use'][:e]            # the oldest first
+            e = max(0, len(row['m']) - mem_len)                   # evicted (line 8), the oldest first
+            old, old_use = row['m'][:e], row['use'][:e]
             row['m'], row['use'] = row['m'][e:], row['use'][e:]
+            if c.cmem_len == 0:
+                continue
+            n_new = e // rate
+            old, old_use = old[e - n_new * rate:], old_use[e - n_new * rate:]   # the oldest e mod c forgotten
             if c.compression == 'most_used':
                 average = [mass / max(q, 1.0) for mass, q in old_use]
-                best = sorted(range(e), key=lambda k: (-average[k], k))[:n_new]
+                best = sorted(range(n_new * rate), key=lambda k: (-average[k], k))[:n_new]
                 new_cm = [old[k] for k in sorted(best)]
             else:
                 f_c = model.layers[n].compress
-                new_cm = [f_c(torch.stack(old[g * c.compression_rate:(g + 1) * c.compression_rate])[None, None],
-                              torch.tensor([1]), None)[0, 0] for g in range(n_new)]
-            row['cm'] = (row['cm'] + new_cm)[-c.cmem_len:] if c.cmem_len else []
+                new_cm = [f_c(torch.stack(old[g * rate:(g + 1) * rate])[None, None], torch.tensor([1]), None)[0, 0]
+                          for g in range(n_new)]
+            row['cm'] = (row['cm'] + new_cm)[-c.cmem_len:]
 
 
-def reference_buffer(model, rows, S):
-    """The right-aligned [cm ; m] buffer (L, B, S, C) the model should hold, zeros elsewhere."""
+def right_aligned_buffer(model, rows, key, n_slots):
+    """The right-aligned memory (L, B, n_slots, C) rows[b][n][key] should be, zeros elsewhere."""
     c = model.config
-    out = torch.zeros(c.n_layer, len(rows), S, c.n_embd, dtype=F64)
+    out = torch.zeros(c.n_layer, len(rows), n_slots, c.n_embd, dtype=F64)
     for b, layers in enumerate(rows):
         for n, row in enumerate(layers):
-            seq = row['cm'] + row['m']
-            if seq:
-                out[n, b, S - len(seq):] = torch.stack(seq)
+            if row[key]:
+                out[n, b, n_slots - len(row[key]):] = torch.stack(row[key])
     return out
 
 
-CASES = [  # (seg_len, mem_len, cmem_len, c): multiples, and remainders (seg or mem not a multiple of c)
-    (4, 6, 4, 2), (4, 4, 3, 2), (3, 4, 5, 2), (5, 6, 4, 3), (2, 3, 6, 3), (6, 2, 5, 4), (4, 6, 0, 2), (3, 5, 4, 1)]
+CASES = [  # (seg_len, mem_len, cmem_len, c, init_memory's mem_len): seg_len and mem_len are multiples of c
+    (4, 6, 4, 2, None), (4, 4, 3, 2, None), (6, 6, 5, 3, None), (6, 3, 6, 3, None), (8, 4, 6, 2, None),
+    (4, 8, 5, 4, None), (4, 6, 0, 2, None), (3, 5, 4, 1, None), (4, 6, 4, 2, 5)]
 
 
 @pytest.mark.parametrize('compression', COMPRESSIONS)
-@pytest.mark.parametrize('seg_len, mem_len, cmem_len, rate', CASES)
-def test_memory_update_equals_algorithm_1(compression, seg_len, mem_len, cmem_len, rate):
+@pytest.mark.parametrize('seg_len, mem_len, cmem_len, rate, init_mem_len', CASES)
+def test_memory_update_equals_algorithm_1(compression, seg_len, mem_len, cmem_len, rate, init_mem_len):
     model = make_model(n_embd=8, d_head=4, seg_len=seg_len, mem_len=mem_len, cmem_len=cmem_len,
                        compression_rate=rate, compression=compression)
     c = model.config
     B, L = 3, c.n_layer
-    memory = model.init_memory(B, 'cpu')
-    S = memory.mem.size(2)
+    memory = model.init_memory(B, 'cpu', mem_len=init_mem_len)
+    n_m = memory.mem.size(2)
+    S = cmem_len + n_m
     rows = [[{'cm': [], 'm': [], 'use': []} for _ in range(L)] for _ in range(B)]
     g = torch.Generator().manual_seed(0)
     for step in range(9):
@@ -118,22 +126,47 @@ def test_memory_update_equals_algorithm_1(compression, seg_len, mem_len, cmem_le
             usage = (torch.rand(L, B, S + T, generator=g, dtype=F64),
                      torch.randint(1, 5, (B, S + T), generator=g).double())
         with torch.no_grad():
-            memory, _ = model._update_memory(memory, hids, *(usage or (None, None)), recon=False)
-        reference_update(model, rows, hids, usage)
-        assert memory.mem.shape == (L, B, S, c.n_embd) and memory.mem.is_contiguous()
+            memory, _ = model._update_memory(memory, hids, Usage(*usage) if usage else None, recon=False)
+        reference_update(model, rows, hids, n_m, usage)
+        assert memory.mem.shape == (L, B, n_m, c.n_embd) and memory.cmem.shape == (L, B, cmem_len, c.n_embd)
+        assert memory.mem.is_contiguous() and memory.cmem.is_contiguous()
         assert memory.cmem_length.tolist() == [len(r[0]['cm']) for r in rows]
         assert memory.mem_length.tolist() == [len(r[0]['m']) for r in rows]
-        assert max(memory.cmem_length.tolist()) <= cmem_len                          # never exceeds cmem_len
-        assert max(memory.mem_length.tolist()) <= mem_len + (rate - 1 if cmem_len else 0)
-        assert_close(memory.mem, reference_buffer(model, rows, S), atol=1e-12, rtol=0)
+        assert all(cl == 0 or ml == n_m for cl, ml in zip(memory.cmem_length.tolist(), memory.mem_length.tolist()))
+        assert_close(memory.mem, right_aligned_buffer(model, rows, 'm', n_m), atol=1e-12, rtol=0)
+        assert_close(memory.cmem, right_aligned_buffer(model, rows, 'cm', cmem_len), atol=1e-12, rtol=0)
 
 
-@pytest.mark.parametrize('seg_len, mem_len, rate', [(4, 6, 2), (3, 4, 2), (5, 6, 3), (2, 3, 3), (7, 5, 4)])
+def test_worked_example_of_the_docstring():
+    """The module's worked example (n_s = 4, n_m = 8, n_cm = 4, c = 2) with the pure functions of Algorithm 1,
+    the state of token k being the number k and f_c the mean, so f(a, b) = (a + b) / 2."""
+    mem, cmem = torch.zeros(1, 1, 8), torch.zeros(1, 1, 4)
+    mem_length, cmem_length = torch.tensor([0]), torch.tensor([0])
+    expected_cm = {3: [0.5, 2.5], 4: [0.5, 2.5, 4.5, 6.5], 5: [4.5, 6.5, 8.5, 10.5]}
+    for segment in range(1, 6):
+        h = torch.arange(4 * (segment - 1), 4 * segment, dtype=torch.float)[None, None]   # (L, B, T)
+        mem, old_mem = push_fifo(mem, h)                                                 # lines 10 and 8
+        n_old = mem_length + 4 - (mem_length + 4).clamp(max=8)
+        mem_length = (mem_length + 4).clamp(max=8)
+        groups, n_new = group_evicted(old_mem, n_old, 2)                                 # (1, 1, 2, 2)
+        new_cm = torch.where(right_aligned(2, n_new)[None], groups.mean(-1), 0)          # line 9
+        cmem, _ = push_fifo(cmem, new_cm)                                                # line 11
+        cmem_length = (cmem_length + n_new).clamp(max=4)
+        m = mem[0, 0, 8 - int(mem_length):].tolist()
+        cm = cmem[0, 0, 4 - int(cmem_length):].tolist()
+        assert m == list(range(max(0, 4 * segment - 8), 4 * segment)), segment
+        if segment <= 2:
+            assert old_mem[0, 0, 4 - int(n_old):].tolist() == [] and cm == [], segment   # nothing falls out
+        else:
+            assert old_mem[0, 0].tolist() == list(range(4 * segment - 12, 4 * segment - 8)), segment   # m_t[:n_s]
+            assert cm == expected_cm[segment], segment
+
+
+@pytest.mark.parametrize('seg_len, mem_len, rate', [(4, 6, 2), (4, 4, 2), (6, 6, 3), (6, 3, 3), (8, 4, 4)])
 def test_every_state_compressed_once_in_fifo_order(seg_len, mem_len, rate):
     """Tag stream position t with the one-hot vector e_t and compress by mean pooling: then each compressed slot
     must be the mean of c consecutive positions, the compressed positions must come in order and be older than
-    everything in m, and cm·c + m must cover positions 0..t exactly once (nothing duplicated or lost, the
-    remainders included)."""
+    everything in m, and cm·c + m must cover positions 0..t exactly once (nothing duplicated or lost)."""
     steps, B, L = 8, 2, 1
     C = steps * seg_len
     model = make_model(n_layer=L, n_embd=C, d_head=4, seg_len=seg_len, mem_len=mem_len, cmem_len=C,
@@ -143,20 +176,35 @@ def test_every_state_compressed_once_in_fifo_order(seg_len, mem_len, rate):
     for step in range(steps):
         hids = eye[step * seg_len:(step + 1) * seg_len].expand(L, B, -1, -1)
         n_before = memory.mem_length.clone()
-        memory, _ = model._update_memory(memory, hids, None, None, recon=False)
-        if step == 0 or int(n_before[0]) + seg_len <= mem_len:
+        memory, _ = model._update_memory(memory, hids, None, recon=False)
+        if int(n_before[0]) + seg_len <= mem_len:
             assert memory.cmem_length.tolist() == [0, 0]          # a memory still filling up evicts nothing
         seen = (step + 1) * seg_len
-        cl, ml = int(memory.cmem_length[0]), int(memory.mem_length[0])
-        S = memory.mem.size(2)
-        cm, m = memory.mem[0, 0, S - ml - cl:S - ml], memory.mem[0, 0, S - ml:]
-        assert (cl * rate + ml) == seen and ml >= min(seen, mem_len) and ml < mem_len + rate
-        for k in range(cl):                                        # slot k = positions k*c ... k*c + c - 1
+        n_cm, n_m = int(memory.cmem_length[0]), int(memory.mem_length[0])
+        cm, m = memory.cmem[0, 0, C - n_cm:], memory.mem[0, 0, mem_len - n_m:]
+        assert n_cm * rate + n_m == seen and n_m == min(seen, mem_len)
+        for k in range(n_cm):                                      # slot k = positions k*c ... k*c + c - 1
             expected = eye[k * rate:(k + 1) * rate].mean(0)
             assert torch.equal(cm[k], expected), (step, k)
-        assert torch.equal(m, eye[seen - ml:seen])                 # m: the newest ml positions, in order
+        assert torch.equal(m, eye[seen - n_m:seen])                # m: the newest n_m positions, in order
         coverage = cm.sum(0) * rate + m.sum(0)
         assert torch.equal(coverage[:seen], torch.ones(seen, dtype=F64))   # each position exactly once
+
+
+def test_shorter_segment_forgets_the_oldest_remainder():
+    """A segment of T not a multiple of c (only the last, shorter one of a stream) evicts T states from a full m:
+    ⌊T/c⌋ groups of the newest are compressed and the oldest T mod c forgotten, as f_c maps n memories to ⌊n/c⌋;
+    the next full segment compresses whole groups again."""
+    C = 20
+    model = make_model(n_layer=1, n_embd=C, d_head=4, seg_len=4, mem_len=4, cmem_len=8, compression='mean_pool')
+    memory = model.init_memory(1, 'cpu')
+    eye = torch.eye(C, dtype=F64)
+    for start, T in [(0, 4), (4, 4), (8, 3), (11, 4)]:
+        memory, _ = model._update_memory(memory, eye[None, None, start:start + T], None, recon=False)
+    cm = memory.cmem[0, 0, 8 - int(memory.cmem_length[0]):]
+    pairs = [(0, 1), (2, 3), (5, 6), (7, 8), (9, 10)]               # position 4 is forgotten
+    assert torch.equal(cm, torch.stack([eye[list(p)].mean(0) for p in pairs]))
+    assert torch.equal(memory.mem[0, 0], eye[11:15])
 
 
 def test_forward_stores_each_layers_inputs_and_compresses_them():
@@ -170,12 +218,11 @@ def test_forward_stores_each_layers_inputs_and_compresses_them():
             _, _, memory, _ = model(tokens(2, 4, seed=s), memory)
     for hook in hooks:
         hook.remove()
-    S = memory.mem.size(2)                                         # 4 + 4 + 1 spare
     assert memory.cmem_length.tolist() == [2, 2] and memory.mem_length.tolist() == [4, 4]
     for n in range(2):
         first, second = inputs[n]
-        assert torch.equal(memory.mem[n, :, S - 4:], second)                        # m = the last segment
-        assert_close(memory.mem[n, :, S - 6:S - 4], first.view(2, 2, 2, -1).mean(2), atol=1e-15, rtol=0)
+        assert torch.equal(memory.mem[n], second)                                  # m = the last segment
+        assert_close(memory.cmem[n, :, 2:], first.view(2, 2, 2, -1).mean(2), atol=1e-15, rtol=0)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -216,7 +263,8 @@ def test_conv_by_hand():
 def test_dilated_conv_by_hand(rate):
     """Ours: kernel-2 convolutions with dilations 1, 2 (ReLU between) over the group left-padded to 2^levels."""
     C = 2
-    f_c = Compression(Config(n_embd=C, compression_rate=rate, compression='dilated_conv')).double()
+    f_c = Compression(Config(n_embd=C, seg_len=12, mem_len=12, compression_rate=rate,
+                             compression='dilated_conv')).double()
     levels = max(1, math.ceil(math.log2(rate)))
     assert len(f_c.convs) == levels
     g = torch.Generator().manual_seed(rate)
@@ -278,13 +326,12 @@ def test_most_used_keeps_the_most_attended_states():
     memory = model.init_memory(1, 'cpu')
     with torch.no_grad():
         _, _, memory, _ = model(tokens(1, 4), memory)
-        S = memory.mem.size(2)
-        favourite = [S - 3, S - 1]                                  # the 2nd and 4th state of m
+        favourite = [1, 3]                                          # the 2nd and 4th state of m
         memory.attn_mass[:, 0, favourite] = 100.0
         old = memory.mem[:, 0, favourite].clone()
         _, _, memory, _ = model(tokens(1, 4, seed=2), memory)
     assert memory.cmem_length.tolist() == [2]
-    assert torch.equal(memory.mem[:, 0, S - 6:S - 4], old)
+    assert torch.equal(memory.cmem[:, 0, 2:], old)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -363,7 +410,7 @@ def naive_attention(attn, h, memory_h, n_valid, u, v, window, same_length):
 def test_attention_over_compressed_memory_equals_naive_loop(use_sdpa, same_length):
     model = make_model(n_layer=1, use_sdpa=use_sdpa, same_length=same_length, seg_len=4, mem_len=4, cmem_len=3,
                        compression_rate=2)
-    memory = random_memory(model, 3, cmem_lengths=[3, 1, 0], mem_lengths=[5, 4, 2])
+    memory = random_memory(model, 3, cmem_lengths=[3, 1, 0], mem_lengths=[4, 4, 2])
     h = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(7), dtype=F64)
     inputs = []
     hook = model.layers[0].attn.register_forward_hook(lambda mod, args, out: inputs.append((args[0], out[0])))
@@ -373,7 +420,8 @@ def test_attention_over_compressed_memory_equals_naive_loop(use_sdpa, same_lengt
     hook.remove()
     layer_in, layer_out = inputs[0]
     assert torch.equal(layer_in, h)
-    expected = naive_attention(model.layers[0].attn, h, memory.mem[0], memory.cmem_length + memory.mem_length,
+    memory_h = torch.cat([memory.cmem[0], memory.mem[0]], dim=1)             # concat(cm, m), contiguous valid
+    expected = naive_attention(model.layers[0].attn, h, memory_h, memory.cmem_length + memory.mem_length,
                                model.r_w_bias[0], model.r_r_bias[0], window=3 + 4, same_length=same_length)
     assert_close(layer_out, expected, atol=1e-6 if not use_sdpa else 1e-10, rtol=0)
 
@@ -405,16 +453,17 @@ def test_causality_within_and_across_segments(compression):
 
 def test_compressed_memory_is_attended_and_invalid_slots_are_not():
     model = make_model(seg_len=4, mem_len=4, cmem_len=4)
-    memory = random_memory(model, 2, cmem_lengths=[2, 2], mem_lengths=[4, 4])
-    S = memory.mem.size(2)
+    memory = random_memory(model, 2, cmem_lengths=[2, 0], mem_lengths=[4, 3])
     idx = tokens(2, 4)
     with torch.no_grad():
         base = model(idx, memory)[0]
-        changed = random_memory(model, 2, [2, 2], [4, 4])
-        changed.mem[:, :, S - 5] += 1.0                              # a valid compressed slot
-        assert differs(model(idx, changed)[0], base)
-        changed = random_memory(model, 2, [2, 2], [4, 4])
-        changed.mem[:, :, :S - 6] += 100.0                           # the empty slots in front of cm
+        changed = random_memory(model, 2, [2, 0], [4, 3])
+        changed.cmem[:, 0, 3] += 1.0                                 # a valid compressed slot
+        assert differs(model(idx, changed)[0][0], base[0]) and torch.equal(model(idx, changed)[0][1], base[1])
+        changed = random_memory(model, 2, [2, 0], [4, 3])
+        changed.cmem[:, 0, :2] += 100.0                              # the empty slots of cm
+        changed.cmem[:, 1] += 100.0
+        changed.mem[:, 1, 0] += 100.0                                # and of m
         assert torch.equal(model(idx, changed)[0], base)
 
 
@@ -424,7 +473,7 @@ def test_reset_memory_row_equals_fresh_stream():
         _, memory = run_segments(model, tokens(3, 16, seed=5), model.init_memory(3, 'cpu'), 4)
         reset = model.reset_memory(memory, torch.tensor([False, True, False]))
         assert reset.cmem_length.tolist() == [4, 0, 4] and reset.mem_length.tolist() == [4, 0, 4]
-        for name in ('mem', 'attn_mass', 'attn_queries'):
+        for name in ('cmem', 'mem', 'attn_mass', 'attn_queries'):
             value = getattr(reset, name)
             assert not value[..., 1, :].any() if name == 'attn_queries' else not value[:, 1].any()
         idx = tokens(3, 4, seed=6)
@@ -514,7 +563,7 @@ def test_memory_is_detached_and_blocks_gradient_to_previous_segment():
     for start in (0, 4, 8):
         _, loss, memory, _ = model(idx[:, start:start + 4], memory, targets=idx[:, start + 1:start + 5])
         losses.append(loss)
-        for name in ('mem', 'attn_mass', 'attn_queries'):
+        for name in ('cmem', 'mem', 'attn_mass', 'attn_queries'):
             assert getattr(memory, name).grad_fn is None and not getattr(memory, name).requires_grad
     hook.remove()
     assert memory.cmem_length.tolist() == [3, 3]
@@ -528,7 +577,7 @@ def test_recon_loss_none_trains_f_c_through_time_only():
     model = make_model(compression='conv', recon_loss='none').train()
     loss, aux, memory = two_segments_loss(model)
     assert 'recon_loss' not in aux
-    assert memory.mem.requires_grad
+    assert memory.cmem.requires_grad and not memory.mem.requires_grad
     idx = tokens(2, 5, seed=9)
     _, later_loss, _, _ = model(idx[:, :4], memory, targets=idx[:, 1:5])
     g = grads(model, later_loss)
@@ -536,7 +585,7 @@ def test_recon_loss_none_trains_f_c_through_time_only():
     model.eval()
     with torch.no_grad():
         _, _, memory, _ = model(idx[:, :4], memory)
-    assert not memory.mem.requires_grad
+    assert not memory.cmem.requires_grad
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -560,7 +609,7 @@ def generate_with_logits(model, prompt, n, memory, **kwargs):
 
 
 @pytest.mark.parametrize('compression', COMPRESSIONS)
-@pytest.mark.parametrize('seg_len, mem_len, cmem_len, rate', [(4, 4, 3, 2), (3, 4, 4, 2), (5, 3, 2, 3)])
+@pytest.mark.parametrize('seg_len, mem_len, cmem_len, rate', [(4, 4, 3, 2), (2, 4, 4, 2), (6, 3, 2, 3)])
 @pytest.mark.parametrize('with_memory', [False, True])
 def test_greedy_generate_matches_segmentwise_forward(compression, seg_len, mem_len, cmem_len, rate, with_memory):
     """Across several segment boundaries (compression happening in the cache), from an empty or a used memory,
@@ -583,8 +632,8 @@ def test_greedy_generate_matches_segmentwise_forward(compression, seg_len, mem_l
 
 @pytest.mark.parametrize('compression', ['conv', 'most_used'])
 def test_sampled_generate_matches_segmentwise_forward(compression):
-    model = make_model(compression=compression, seg_len=3, mem_len=4, cmem_len=3, compression_rate=2)
-    prompt = tokens(2, 4, seed=3)
+    model = make_model(compression=compression, seg_len=2, mem_len=4, cmem_len=3, compression_rate=2)
+    prompt = tokens(2, 3, seed=3)
     torch.manual_seed(5)
     out, logits = generate_with_logits(model, prompt, 12, None, temperature=0.8, top_k=20)
     reference = forward_logits_for_generated(model, out, model.init_memory(2, 'cpu'), prompt.size(1))
@@ -611,25 +660,67 @@ def test_config_rejects_bad_values(bad):
         Config(**bad)
 
 
+@pytest.mark.parametrize('lengths', [dict(seg_len=5, mem_len=4), dict(seg_len=4, mem_len=5),
+                                     dict(seg_len=6, mem_len=6, compression_rate=4)])
+def test_config_requires_seg_len_and_mem_len_multiples_of_the_rate(lengths):
+    fields = dict(dict(compression_rate=2), **lengths)
+    with pytest.raises(ValueError, match=r'must be multiples of compression_rate') as error:
+        Config(**fields)
+    assert '\n' not in str(error.value)
+    Config(**fields, cmem_len=0)                                      # Transformer-XL compresses nothing
+
+
+def test_train_py_reports_a_length_that_is_not_a_multiple_in_one_line(tmp_path):
+    values = dict(TINY_MODELS['compressive'], seg_len=7)
+    proc = run_python(['train.py'] + flags(make_pattern_dataset(tmp_path / 'data', n_train=500, n_eval=100),
+                                           tmp_path / 'out', values, max_iters=1))
+    assert proc.returncode != 0
+    assert_one_line_error(proc.stderr, 'seg_len (7) and mem_len (8) must be multiples of compression_rate (2)')
+
+
+@pytest.mark.parametrize('bptt_segments', [1, 2])
+def test_recon_loss_none_trains_under_ddp(tmp_path, bptt_segments):
+    """Issue 15: with recon_loss='none' a learned f_c gets the LM loss's gradient only through time, never within
+    --bptt_segments=1 or while the memory fills; 2-process gloo DDP (no find_unused_parameters) must still run."""
+    values = dict(TINY_MODELS['compressive'], recon_loss='none', compression='conv')
+    out_dir = tmp_path / 'out'
+    proc = run_python(['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py']
+                      + flags(make_pattern_dataset(tmp_path / 'data', n_train=2000, n_eval=200), out_dir, values,
+                              max_iters=3, bptt_segments=bptt_segments), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert load(out_dir / 'ckpt.pt')['step'] == 3
+
+
+def test_recon_loss_none_gives_f_c_a_gradient_at_every_step():
+    """What DDP needs: with recon_loss='none' in training, f_c's parameters are in the loss's graph at every step,
+    with a zero gradient where no BPTT path reaches them, and the loss value is the LM loss."""
+    model = make_model(compression='conv', recon_loss='none').train()
+    _, loss, _, aux = model(tokens(2, 4), model.init_memory(2, 'cpu'), targets=tokens(2, 4, seed=2))
+    assert torch.equal(loss.detach(), aux['lm_loss'])
+    for name, g in grads(model, loss).items():
+        if is_compression_param(name):
+            assert g is not None and not g.any(), name
+
+
 def test_config_defaults_are_valid():
     c = Config()
     assert (c.cmem_len, c.compression, c.recon_loss) == (150, 'conv', 'attention')
 
 
 def test_memory_fields_are_fixed_shape_float_or_int64():
-    model = make_model(dtype=torch.float32, compression='most_used', seg_len=3, mem_len=4, cmem_len=3)
+    model = make_model(dtype=torch.float32, compression='most_used', seg_len=4, mem_len=4, cmem_len=3)
     memory = model.init_memory(2, 'cpu')
     spec = {k: (v.shape, v.dtype) for k, v in vars(memory).items()}
     assert all(dtype in (torch.float32, torch.long) for _, dtype in spec.values())
     with torch.no_grad():
-        for T in (3, 3, 2, 3, 3, 1, 3):
+        for T in (4, 4, 2, 4, 4, 1, 4):                                 # shorter segments too (T < c: no group)
             _, _, memory, _ = model(tokens(2, T, seed=T), memory)
             assert {k: (v.shape, v.dtype) for k, v in vars(memory).items()} == spec
             assert all(v.is_contiguous() for v in vars(memory).values())
     assert memory.cmem_length.tolist() == [3, 3]
     longer = model.init_memory(2, 'cpu', mem_len=10)                   # eval override: n_m only
-    assert longer.mem.size(2) == 3 + 10 + 1
-    model(tokens(2, 3), longer)
+    assert longer.mem.size(2) == 10 and longer.cmem.size(2) == 3 and longer.attn_mass.size(2) == 10
+    model(tokens(2, 4), longer)
 
 
 def test_forward_rejects_segment_longer_than_seg_len():

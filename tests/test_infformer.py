@@ -49,7 +49,7 @@ def authors_pads(L):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 1. The continuous signal: ridge regression (Eq. 5), E_p[ψ] (Eq. 8), sticky histogram and sampling (§3.3)
+# 1. The continuous signal: ridge regression (Eq. 5), E_p[ψ] (Eq. 11), sticky histogram and sampling (§3.3)
 
 
 @pytest.mark.parametrize('pad', [False, True])
@@ -93,12 +93,12 @@ def test_attention_histogram_equals_numerical_bin_masses_and_sums_to_one():
     g = torch.Generator().manual_seed(0)
     mu = torch.rand(2, 3, 5, generator=g, dtype=F64)                   # (B, H, T)
     sigma_sq = 10 ** (-3 * torch.rand(2, 3, 5, generator=g, dtype=F64))
-    D = 16
-    hist = attention_histogram(mu, sigma_sq, D)
+    n_bins = 16
+    hist = attention_histogram(mu, sigma_sq, n_bins)
     for b in range(2):
-        expected = torch.zeros(D, dtype=F64)
-        for j in range(D):                                             # ∫_{d_j} Σ_h Σ_i N(t; μ, σ²) dt, Eq. 14
-            t = torch.linspace(j / D, (j + 1) / D, 20001, dtype=F64)
+        expected = torch.zeros(n_bins, dtype=F64)
+        for j in range(n_bins):                                        # ∫_{d_j} Σ_h Σ_i N(t; μ, σ²) dt, Eq. 16
+            t = torch.linspace(j / n_bins, (j + 1) / n_bins, 20001, dtype=F64)
             var = sigma_sq[b]
             dens = torch.exp(-0.5 * (t[:, None, None] - mu[b]) ** 2 / var) / torch.sqrt(2 * math.pi * var)
             expected[j] = torch.trapezoid(dens.sum(dim=(1, 2)), t)
@@ -149,8 +149,9 @@ def test_ridge_positions_and_buffers():
                                                         0.8, 0.6 + 1.6 / 6, 0.6 + 2 / 6, 1.0], dtype=F64))
     model = Model(cfg)
     basis_mu, basis_sigma = gaussian_basis(8, (0.05, 0.1))
-    torch.testing.assert_close(model.G_unbounded, ridge_matrix(unbounded, basis_mu, basis_sigma, 0.8).float())
-    torch.testing.assert_close(model.psi_linear, evaluate_basis(torch.arange(1, 6) / 5, basis_mu, basis_sigma).float())
+    torch.testing.assert_close(model.long_term.G_unbounded, ridge_matrix(unbounded, basis_mu, basis_sigma, 0.8).float())
+    psi_linear = evaluate_basis(torch.arange(1, 6) / 5, basis_mu, basis_sigma)
+    torch.testing.assert_close(model.long_term.psi_linear, psi_linear.float())
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -167,27 +168,33 @@ def random_memory(model, B, length, pending, written, seed=5):
                   ltm_hist=torch.rand(memory.ltm_hist.shape, generator=g, dtype=F64), ltm_rng=memory.ltm_rng)
 
 
+def gate_of(model, n):
+    """Layer n's CNN gate X -> X̃ (Eq. 18), as LongTermMemory.write takes it."""
+    return model.layers[n].attn.ltm.gated
+
+
 @pytest.mark.parametrize('sticky', [False, True])
 def test_ltm_write_equals_reference(sticky):
-    """Rows: LTM already written, 4 vectors waiting (Eqs. 11-13); empty LTM, 4 waiting (Eq. 5); written, 6 waiting
+    """Rows: LTM already written, 4 vectors waiting (Eqs. 14-15, 5); empty LTM, 4 waiting (Eq. 5); written, 6 waiting
     (after segments shorter than seg_len: the oldest 4 go); written, only 3 waiting (no write, B unchanged).
     seg_len 4, so 7 waiting slots before the STM's 3. Sticky: the old signal is read at points drawn from the
     stored histogram (§3.3) instead of at m/M."""
     model = make_model(seg_len=4, mem_len=3, n_basis=10, n_samples=7, tau=0.6, ridge_lambda=0.7, sticky=sticky)
     c = model.config
     memory = random_memory(model, 4, length=[10, 10, 10, 10], pending=[4, 4, 6, 3], written=[1, 0, 1, 1])
-    write, slots, written = model._ltm_writes(memory)
+    due = model.long_term.due(memory)
+    write, slots, written = due
     assert write.tolist() == [True, True, True, False] and written.tolist() == [1, 1, 1, 1]
     basis_mu, basis_sigma = gaussian_basis(10, c.widths)
     gate = model.layers[1].attn.ltm.gate
-    got = model._write_ltm(1, memory, write, slots)
+    got = model.long_term.write(1, memory, due, gate_of(model, 1))
     for b in range(4):
         pending = memory.ltm_pending[b].item()
         if pending < 4:
             torch.testing.assert_close(got[b], memory.ltm_B[1, b])
             continue
         x = memory.mem[1, b, 7 - pending:7 - pending + 4]                              # the oldest 4 waiting
-        x = torch.sigmoid(gate(x.T[None]))[0].T * x                                    # Eq. 16, zero-padded conv
+        x = torch.sigmoid(gate(x.T[None]))[0].T * x                                    # Eq. 18, zero-padded conv
         if memory.ltm_written[b]:
             s = torch.arange(1, 8, dtype=F64) / 7                                      # read the old signal at m/M
             read = s
@@ -207,10 +214,10 @@ def test_ltm_write_equals_reference(sticky):
 def test_unbounded_false_fits_new_vectors_alone():
     model = make_model(unbounded=False)
     memory = random_memory(model, 2, length=[8, 8], pending=[4, 4], written=[1, 0])
-    write, slots, _ = model._ltm_writes(memory)
-    got = model._write_ltm(0, memory, write, slots)
+    due = model.long_term.due(memory)
+    got = model.long_term.write(0, memory, due, gate_of(model, 0))
     model.config.unbounded = True
-    grown = model._write_ltm(0, memory, write, slots)
+    grown = model.long_term.write(0, memory, due, gate_of(model, 0))
     torch.testing.assert_close(got[1], grown[1])                        # empty LTM: the same first fit
     assert differs(got[0], grown[0])                                    # otherwise the old signal is dropped
 
@@ -236,7 +243,7 @@ def test_every_vector_leaving_the_stm_is_written_once_in_order(mem_len):
     memory = model.init_memory(1, 'cpu')
     taken, pos = [], 0
     for T in (4, 2, 3, 1, 4, 4, 2, 1, 3, 4, 4, 2, 1, 1):
-        write, slots, _ = model._ltm_writes(memory)
+        write, slots, _ = model.long_term.due(memory)
         if write[0]:
             taken.append(memory.mem[0, 0, slots[0]])
         _, _, memory, _ = model(idx[:, pos:pos + T], memory)

@@ -31,7 +31,7 @@ def make_model(dtype=F64, seed=0, **overrides):
 
 
 def spread_gates(model, values=(-1.0, 0.7)):
-    """β per head away from 0, so that the two sides of Eq. 10 enter with different weights."""
+    """β per head away from 0, so that the two sides of Eq. 6 enter with different weights."""
     with torch.no_grad():
         for layer in model.layers:
             layer.attn.beta.copy_(torch.tensor(values[:model.config.n_head], dtype=layer.attn.beta.dtype))
@@ -54,7 +54,7 @@ def rotate(x, position, base=10000.0):
 
 
 def naive_linear_attention(q, keys, values):
-    """Eq. 7 over an explicit list of earlier (key, value) pairs: Σ_j (σ(q)·σ(k_j)) v_j / Σ_j σ(q)·σ(k_j);
+    """Eq. 3 over an explicit list of earlier (key, value) pairs: Σ_j (σ(q)·σ(k_j)) v_j / Σ_j σ(q)·σ(k_j);
     0 when there are none."""
     if not keys:
         return torch.zeros_like(values[0]) if values else torch.zeros_like(q)
@@ -63,8 +63,8 @@ def naive_linear_attention(q, keys, values):
 
 
 def naive_delta_memory(segments, D):
-    """Eq. 9 one token at a time: every token of segment s writes σ(k_t)ᵀ(v_t - σ(k_t) M_{s-1} / (σ(k_t) z_{s-1}))
-    with the memory as it was before the segment; z as in Eq. 8. segments: [[(k, v), ...], ...] -> (M, z)."""
+    """Eq. 5 one token at a time: every token of segment s writes σ(k_t)ᵀ(v_t - σ(k_t) M_{s-1} / (σ(k_t) z_{s-1}))
+    with the memory as it was before the segment; z as in Eq. 4. segments: [[(k, v), ...], ...] -> (M, z)."""
     M, z = torch.zeros(D, D, dtype=F64), torch.zeros(D, dtype=F64)
     for segment in segments:
         M_old, z_old = M.clone(), z.clone()
@@ -80,7 +80,7 @@ def naive_delta_memory(segments, D):
 def naive_layer(attn, h, history, rule, pre_lnorm, gate=None):
     """One InfiniAttention forward for one batch row, one (query, head) at a time.
     h: (T, C) this segment's layer input; history: [(T_s, C) layer inputs of the earlier segments].
-    gate: None = sigmoid(β); 'mem' or 'dot' = use that side of Eq. 10 only."""
+    gate: None = sigmoid(β); 'mem' or 'dot' = use that side of Eq. 6 only."""
     T, C = h.shape
     H, D = attn.n_head, attn.d_head
     W_q, W_k, W_v = attn.qkv_net.weight.split(H * D)
@@ -167,7 +167,7 @@ def test_layer_equals_naive_reference_over_segments(rule, pre_lnorm):
 
 
 def test_linear_retrieval_equals_naive_linear_attention_over_all_earlier_segments():
-    """Eq. 8 applied segment after segment, then Eq. 7: the same as linear attention over every key/value written."""
+    """Eq. 4 applied segment after segment, then Eq. 3: the same as linear attention over every key/value written."""
     B, H, T, D = 2, 3, 5, 4
     g = torch.Generator().manual_seed(3)
     M, z = torch.zeros(B, H, D, D, dtype=F64), torch.zeros(B, H, D, dtype=F64)
@@ -224,7 +224,7 @@ def test_delta_memory_returns_a_stored_value_once_written(rule):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 2. The gate (Eq. 10)
+# 2. The gate (Eq. 6)
 
 
 @pytest.mark.parametrize('rule', ['linear', 'delta'])
@@ -289,7 +289,7 @@ def test_gate_init_sets_beta():
 
 @pytest.mark.parametrize('rule', ['linear', 'delta'])
 def test_first_segment_is_safe(rule):
-    """M = 0, z = 0: Eq. 7 is 0/0. The retrieval must be exactly 0 and no NaN may appear, in values or gradients,
+    """M = 0, z = 0: Eq. 3 is 0/0. The retrieval must be exactly 0 and no NaN may appear, in values or gradients,
     even with large activations; a row emptied by reset_memory behaves the same."""
     model = make_model(dtype=torch.float32, memory_update=rule, init_std=1.0).train()
     retrieved = []
@@ -349,7 +349,7 @@ def test_bf16_autocast_keeps_the_memory_in_float32(rule):
     assert low.M.dtype == torch.float32 and low.z.dtype == torch.float32
     relative = lambda a, b: float((a - b).norm() / b.norm())
     assert relative(low.M, ref.M) < 0.006 and relative(low.z, ref.z) < 0.006
-    if rule == 'linear':                                               # the control: Eq. 8's sums kept in bf16
+    if rule == 'linear':                                               # the control: Eq. 4's sums kept in bf16
         layer = model.layers[0].attn
         M_bf16, z_bf16 = ref.M[0].new_zeros(ref.M[0].shape).bfloat16(), ref.z[0].new_zeros(ref.z[0].shape).bfloat16()
         with torch.no_grad():

@@ -1,5 +1,5 @@
 """
-CPU tests for LaMemo's look-ahead memory in model_xl.py (`lookahead=True`, SPEC §2, seed 002).
+CPU tests for LaMemo's look-ahead memory, model_lamemo.py (SPEC §2, seed 002).
 
 Tiny configs (1-2 layers, n_embd 16, vocab 97, seg_len 4). Exact properties are checked in float64
 (model.double()); comparisons with a naive reference allow ~1e-5, the size of the merge's ε (1e-6, as the authors'
@@ -11,28 +11,32 @@ import math
 import pytest
 import torch
 
+import model_lamemo
 import model_xl
 from _model_tests import F64, V, assert_close, differs, run_segments, sinusoid, tokens, train_on_repeated_pattern
-from model_xl import (Config, LookAheadMemory, Memory, Model, future_position_scores, lookahead_layers, lookahead_merge,
-                      sample_next)
+from model_lamemo import Config, Memory, Model, future_position_scores, lookahead_merge, sample_next
 
 
-def make_model(dtype=F64, seed=0, lookahead=True, **overrides):
-    """A tiny LaMemo model (or plain Transformer-XL with lookahead=False) in eval mode with dropout off."""
+def make_model(dtype=F64, seed=0, **overrides):
+    """A tiny LaMemo model in eval mode with dropout off."""
     fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
-                  seg_len=4, mem_len=6, lookahead=lookahead)
+                  seg_len=4, mem_len=6)
     fields.update(overrides)
     torch.manual_seed(seed)
     return Model(Config(**fields)).to(dtype).eval()
 
 
 def xl_twin(model):
-    """Plain Transformer-XL with the same weights (everything but v+)."""
-    c = model.config
-    xl = Model(Config(**{**c.__dict__, 'lookahead': False})).to(model.r_w_bias.dtype).eval()
+    """Plain Transformer-XL (model_xl.py) with the same weights (everything but v+)."""
+    xl = model_xl.Model(model_xl.Config(**model.config.__dict__)).to(model.r_w_bias.dtype).eval()
     state = {k: v for k, v in model.state_dict().items() if k != 'r_r_bias_future'}
     xl.load_state_dict(state)
     return xl
+
+
+def refreshed_states(model, idx, memory):
+    """The open segment (model_lamemo.OpenSegment) after the first tokens idx (B, T) of a segment, without dropout."""
+    return model._open_segment(model.word_emb(idx), memory)[1]
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -151,8 +155,7 @@ def test_refreshed_memory_equals_naive_joint_softmax_over_steps(lengths, extra):
     with torch.no_grad():
         for n in lengths + [1]:
             M = memory.mem.size(2)
-            _, state = lookahead_layers(model, model.word_emb(idx[:, start:start + n]), memory)
-            merged = state['mem'][0][0]                          # (B, H, M, D) layer 0
+            merged = refreshed_states(model, idx[:, start:start + n], memory).mem_states[0][0]   # (B, H, M, D) layer 0
             for P in range(max(0, start - 5), start):            # the newest memory positions (slot M - start + P)
                 expected = naive_layer0_memory_state(model, idx, P, start)
                 assert_close(merged[:, :, M - start + P], expected, atol=1e-5, rtol=0)
@@ -178,7 +181,7 @@ def test_empty_memory_gives_transformer_xl_outputs():
     assert torch.equal(la_memory.mem[0], xl_memory.mem[0])      # layer 0's memory: the same embeddings
 
 
-def test_memory_input_of_upper_layers_is_refreshed_by_the_tokens_on_its_right():
+def test_memory_input_of_upper_layers_is_refreshed_by_the_tokens_on_its_right(monkeypatch):
     """After segment A, a perturbation of layer 0's stored memory at slot j changes layer 1's memory input at the
     slots i < j in the look-ahead window (they now see slot j) and at j itself, never at i > j (the look-ahead only
     looks right; what i saw on its left is stored). Layer 0's memory input is the stored embeddings, refreshed by
@@ -190,28 +193,22 @@ def test_memory_input_of_upper_layers_is_refreshed_by_the_tokens_on_its_right():
     with torch.no_grad():
         _, _, memory, _ = model(a, model.init_memory(2, 'cpu'))
         _, _, xl_memory, _ = xl(a, xl.init_memory(2, 'cpu'))
-        h0 = model.word_emb(b)
-        _, state = lookahead_layers(model, h0, memory)
-        base = state['mem_in']
+        base = refreshed_states(model, b, memory).mem_in
         M, j = 6, 4                                             # slots 2..5 valid; window = slots 3..5 + first token
-        perturbed = LookAheadMemory(**{**memory.__dict__, 'mem': memory.mem.clone()})
+        perturbed = Memory(**{**memory.__dict__, 'mem': memory.mem.clone()})
         perturbed.mem[0, :, j] += torch.randn(2, 16, generator=torch.Generator().manual_seed(0), dtype=F64)
-        _, state_p = lookahead_layers(model, h0, perturbed)
-    changed0 = [differs(state_p['mem_in'][0][:, i], base[0][:, i]) for i in range(M)]
+        perturbed_in = refreshed_states(model, b, perturbed).mem_in
+    changed0 = [differs(perturbed_in[0][:, i], base[0][:, i]) for i in range(M)]
     assert changed0 == [i == j for i in range(M)]
-    changed1 = [differs(state_p['mem_in'][1][:, i], base[1][:, i]) for i in range(2, M)]
+    changed1 = [differs(perturbed_in[1][:, i], base[1][:, i]) for i in range(2, M)]
     assert changed1 == [True, True, True, False]                # slots 2, 3 (look right to 4), 4 itself; not 5
 
     valid = slice(2, M)
     assert differs(base[1][:, valid], xl_memory.mem[1][:, valid])
-    real_merge = model_xl.lookahead_merge
-    try:
-        model_xl.lookahead_merge = lambda old_vec, old_lse, new_vec, new_lse: (old_vec, old_lse)
-        with torch.no_grad():
-            _, state_off = lookahead_layers(model, h0, memory)
-    finally:
-        model_xl.lookahead_merge = real_merge
-    assert_close(state_off['mem_in'][1][:, valid], xl_memory.mem[1][:, valid], atol=1e-12, rtol=0)
+    monkeypatch.setattr(model_lamemo, 'lookahead_merge', lambda old_vec, old_lse, new_vec, new_lse: (old_vec, old_lse))
+    with torch.no_grad():
+        merge_off = refreshed_states(model, b, memory).mem_in
+    assert_close(merge_off[1][:, valid], xl_memory.mem[1][:, valid], atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize('same_length', [False, True])
@@ -261,7 +258,7 @@ def test_memory_shapes_fixed_lengths_saturate_and_reset():
     model = make_model(dtype=torch.float32, n_layer=3, seg_len=4, mem_len=10)
     c = model.config
     memory = model.init_memory(2, 'cpu')
-    assert isinstance(memory, Memory) and isinstance(memory, LookAheadMemory)
+    assert type(memory) is Memory
 
     def shapes(m):
         return {k: (v.shape, v.dtype, v.is_contiguous()) for k, v in m.__dict__.items()}
@@ -289,7 +286,7 @@ def test_reset_memory_row_equals_fresh_stream():
     with torch.no_grad():
         _, memory = run_segments(model, tokens(3, 8, seed=5), model.init_memory(3, 'cpu'), 4)
         reset = model.reset_memory(memory, torch.tensor([False, True, False]))
-        assert type(reset) is LookAheadMemory
+        assert type(reset) is Memory
         assert reset.length.tolist() == [6, 0, 6] and reset.prev_len.tolist() == [4, 0, 4]
         for name, value in reset.__dict__.items():
             rows = (lambda x, b: x[b]) if value.dim() == 1 else (lambda x, b: x[:, b])   # batch dim 0 or 1
@@ -308,36 +305,80 @@ def test_reset_memory_row_equals_fresh_stream():
     assert differs(logits[1], kept_logits[1])
 
 
-def test_lookahead_false_is_plain_transformer_xl():
-    """The flag off builds exactly the old model: same parameters, same memory type, same logits."""
-    fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, seg_len=4,
-                  mem_len=6)
-    torch.manual_seed(0)
-    old = Model(Config(**fields)).eval()
-    torch.manual_seed(0)
-    off = Model(Config(**fields, lookahead=False)).eval()
-    torch.manual_seed(0)
-    on = Model(Config(**fields, lookahead=True)).eval()
-    assert list(off.state_dict()) == list(old.state_dict())
-    assert set(on.state_dict()) == set(old.state_dict()) | {'r_r_bias_future'}
-    assert on.r_r_bias_future.shape == (1, 2, 8)                 # layer 0's: the last layer refreshes nothing
-    memory = off.init_memory(2, 'cpu')
-    assert type(memory) is Memory and list(memory.__dict__) == ['mem', 'length']
+def test_same_weights_as_transformer_xl_plus_v_future():
+    """LaMemo is Transformer-XL's parameters plus v+: with the same weights the first segment (nothing to refresh)
+    gives the same logits, later segments differ; more FLOPs per token."""
+    model = make_model(dtype=torch.float32)
+    xl = xl_twin(model)
+    assert set(model.state_dict()) == set(xl.state_dict()) | {'r_r_bias_future'}
+    assert model.r_r_bias_future.shape == (1, 2, 8)              # layer 0's: the last layer refreshes nothing
     idx = tokens(2, 12)
     with torch.no_grad():
-        a, mem_a = run_segments(old, idx, old.init_memory(2, 'cpu'), 4)
-        b, mem_b = run_segments(off, idx, memory, 4)
-        c, _ = run_segments(on, idx, on.init_memory(2, 'cpu'), 4)
-    assert torch.equal(a, b) and torch.equal(mem_a.mem, mem_b.mem)
-    assert_close(c[:, :4], a[:, :4]) and differs(c[:, 4:], a[:, 4:])   # same weights; LaMemo differs later
-    assert on.num_params() == old.num_params() + on.r_r_bias_future.numel()
-    assert on.flops_per_token() > old.flops_per_token()
+        a, _ = run_segments(xl, idx, xl.init_memory(2, 'cpu'), 4)
+        c, _ = run_segments(model, idx, model.init_memory(2, 'cpu'), 4)
+    assert_close(c[:, :4], a[:, :4]) and differs(c[:, 4:], a[:, 4:])
+    assert model.num_params() == xl.num_params() + model.r_r_bias_future.numel()
+    assert model.flops_per_token() > xl.flops_per_token()
 
 
-def test_config_rejects_lookahead_with_one_layer():
+def test_config_needs_two_layers():
     with pytest.raises(ValueError, match='n_layer >= 2'):
-        Config(n_layer=1, lookahead=True)
-    Config(n_layer=1)
+        Config(n_layer=1)
+    Config(n_layer=2)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 3b. checkpoints made before LaMemo left model_xl.py (model 'xl', lookahead=True) load as model 'lamemo'
+
+# model_xl.Config(vocab_size=97, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0, dropatt=0,
+# seg_len=4, mem_len=6, init_std=0.5, lookahead=True) as saved in a checkpoint's model_config, its state_dict keys
+# and shapes, and the logits it gave (torch.manual_seed(0), float64, tokens(2, 11, seed=3) in segments of 4, 3, 4):
+# all recorded from model_xl.py before the move.
+OLD_XL_CONFIG = {'vocab_size': 97, 'n_layer': 2, 'n_head': 2, 'n_embd': 16, 'd_head': 8, 'd_inner': 32,
+                 'dropout': 0.0, 'dropatt': 0.0, 'seg_len': 4, 'mem_len': 6, 'clamp_len': 0, 'same_length': False,
+                 'pre_lnorm': False, 'untie_r': True, 'init_std': 0.5, 'use_sdpa': True, 'lookahead': True}
+XL_ONLY_FIELDS = ('lookahead', 'use_sdpa')     # use_sdpa never applied to LaMemo (it stores log-sum-exps)
+OLD_STATE_SHAPES = [('r_w_bias', (2, 2, 8)), ('r_r_bias', (2, 2, 8)), ('r_r_bias_future', (1, 2, 8)),
+                    ('word_emb.weight', (97, 16))] + [
+    (f'layers.{n}.{name}', shape) for n in range(2) for name, shape in [
+        ('attn.q_net.weight', (16, 16)), ('attn.kv_net.weight', (32, 16)), ('attn.r_net.weight', (16, 16)),
+        ('attn.o_net.weight', (16, 16)), ('attn.layer_norm.weight', (16,)), ('attn.layer_norm.bias', (16,)),
+        ('ff.net.0.weight', (32, 16)), ('ff.net.0.bias', (32,)), ('ff.net.3.weight', (16, 32)),
+        ('ff.net.3.bias', (16,)), ('ff.layer_norm.weight', (16,)), ('ff.layer_norm.bias', (16,))]]
+OLD_MEMORY_FIELDS = ['mem', 'length', 'attn_vec', 'attn_lse', 'prev_len']
+OLD_LAST_LOGITS = [[-0.8143934538756438, -0.4398698267519663, -0.42489028703130666, 2.058603095985096,
+                    1.1376662856702204, 1.231390110038821],
+                   [-1.8067896059905453, -0.2592564511581238, 1.898234545423904, -0.2234660454883674,
+                    0.6368992706314658, -0.37718144673822596]]
+
+
+def old_checkpoint_model():
+    config = Config(**{k: v for k, v in OLD_XL_CONFIG.items() if k not in XL_ONLY_FIELDS})
+    torch.manual_seed(0)
+    return Model(config).to(F64).eval()
+
+
+def test_old_lookahead_checkpoint_keys_shapes_and_memory_fields():
+    """The weights of an old checkpoint fit key for key, in the same order, and train.py's saved memory (a dict of
+    the Memory fields) restores into the same fields."""
+    model = old_checkpoint_model()
+    assert [(k, tuple(v.shape)) for k, v in model.state_dict().items()] == OLD_STATE_SHAPES
+    assert list(vars(model.init_memory(2, 'cpu'))) == OLD_MEMORY_FIELDS
+    assert set(OLD_XL_CONFIG) - set(XL_ONLY_FIELDS) == set(vars(model.config))
+
+
+def test_old_lookahead_model_logits_are_unchanged():
+    """Same seed, same initialisation order, same computation: the logits model_xl.py's LaMemo gave (hard-coded,
+    float64) after two refreshes, one with a 3-token window. A Transformer-XL twin gives others."""
+    model = old_checkpoint_model()
+    idx = tokens(2, 11, seed=3)
+    with torch.no_grad():
+        logits, _ = run_segments(model, idx, model.init_memory(2, 'cpu'), [4, 3, 4])
+        xl = xl_twin(model)
+        xl_logits, _ = run_segments(xl, idx, xl.init_memory(2, 'cpu'), [4, 3, 4])
+    expected = torch.tensor(OLD_LAST_LOGITS, dtype=F64)
+    assert_close(logits[:, -1, :6], expected, atol=1e-9, rtol=0)
+    assert differs(xl_logits[:, -1, :6], expected, atol=1e-3)
 
 
 def test_different_memory_gives_different_logits_and_mem_len_override():

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import configurator
 import train
 import _train_standin
 from _train_util import (ENV, ROOT, TINY_XL, assert_identical, assert_one_line_error, flags, load,
@@ -363,9 +364,10 @@ def test_nan_loss_before_any_checkpoint_says_there_is_none(data_dir, tmp_path, c
 @pytest.fixture
 def standin(monkeypatch):
     real_import, real_available = train.import_model, train.available_models
-    monkeypatch.setattr(train, 'available_models', lambda: sorted(real_available() + ['standin']))
-    monkeypatch.setattr(train, 'import_model',
-                        lambda name: _train_standin if name == 'standin' else real_import(name))
+    for module in (train, configurator):                              # parse_args lives in configurator.py
+        monkeypatch.setattr(module, 'available_models', lambda: sorted(real_available() + ['standin']))
+        monkeypatch.setattr(module, 'import_model',
+                            lambda name: _train_standin if name == 'standin' else real_import(name))
     _train_standin.TRACE.clear()
     _train_standin.RESETS.clear()
     yield _train_standin
@@ -679,3 +681,36 @@ def test_train_leaves_the_sigint_handler_as_it_found_it(data_dir, tmp_path):
     before = signal.getsignal(signal.SIGINT)
     train.train(flags(data_dir, tmp_path / 'out', max_iters=1))
     assert signal.getsignal(signal.SIGINT) is before
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 10. LaMemo left model_xl.py (issue 17): the old flag and the old checkpoints
+
+
+def test_lookahead_flag_on_xl_points_to_lamemo(data_dir, tmp_path, capsys):
+    code, _, err = run_main(flags(data_dir, tmp_path / 'out', lookahead=True), capsys)
+    assert code == 2
+    assert_one_line_error(err, '--lookahead', '--model=lamemo')
+
+
+@pytest.mark.parametrize('lookahead', [True, False])
+def test_checkpoints_from_before_the_move_load(lookahead, data_dir, tmp_path):
+    """A checkpoint written by model_xl.py with lookahead=True (model_name 'xl', fields lookahead and use_sdpa)
+    loads as model 'lamemo'; with lookahead=False as plain 'xl' without the field. Same weights, same logits."""
+    model = dict(TINY_XL, n_layer=2, model='lamemo' if lookahead else 'xl')
+    if lookahead:
+        model.pop('use_sdpa', None)
+    out_dir = tmp_path / 'new'
+    train.train(flags(data_dir, out_dir, model, max_iters=1))
+    ckpt = load(out_dir / 'ckpt.pt')
+    old = dict(ckpt, model_name='xl', model_config=dict(ckpt['model_config'], lookahead=lookahead,
+                                                        **({'use_sdpa': True} if lookahead else {})))
+    torch.save(old, tmp_path / 'old.pt')
+    upgraded = train.load_checkpoint(tmp_path / 'old.pt')
+    assert upgraded['model_name'] == ('lamemo' if lookahead else 'xl')
+    assert upgraded['model_config'] == ckpt['model_config']
+    _, _, a = train.model_from_checkpoint(ckpt)
+    _, _, b = train.model_from_checkpoint(upgraded)
+    x = torch.randint(0, 256, (2, 8))
+    a.eval(), b.eval()
+    assert torch.equal(a(x, a.init_memory(2, 'cpu'))[0], b(x, b.init_memory(2, 'cpu'))[0])

@@ -519,6 +519,14 @@ def test_config_defaults_are_valid():
     Config(mem_len=0, dropout=0.0, clamp_len=0)              # edge values that are allowed
 
 
+def test_is_transformer_xl_alone():
+    """LaMemo's look-ahead memory is its own model file (model_lamemo.py), not a flag of this one (issue 17)."""
+    with pytest.raises(TypeError):
+        Config(lookahead=True)
+    model = make_model()
+    assert not hasattr(model, 'r_r_bias_future') and list(vars(model.init_memory(1, 'cpu'))) == ['mem', 'length']
+
+
 def test_forward_rejects_segment_longer_than_seg_len():
     model = make_model(seg_len=4)
     with pytest.raises(ValueError):

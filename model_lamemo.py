@@ -1,0 +1,550 @@
+"""
+LaMemo (Ji et al., 2022, "LaMemo: Language Modeling with Look-Ahead Memory", NAACL, arXiv 2204.07341), in one file.
+
+Transformer-XL (model_xl.py; read it first) keeps every layer's input hidden states of the last M positions as the
+next segment's memory; they never see the tokens on their right. LaMemo refreshes them at every step (§3). At layer
+l, with memory input m^l (M positions) and segment input h^l (T positions):
+  1. Look-ahead attention (§3.1). The memory states issue queries q = m^l W_q and attend to the window K~, V~ of the
+     W = min(T_prev, M) positions that ends at the segment's first token, each only to keys on its right:
+         C^→ = Softmax_upper-triangle(Q K~ᵀ / √d) V~,    s^→ = the softmax's normaliser (kept as log s^→)
+  2. Memory interpolation (§3.2). Each memory position stores C^← (its attention output before W_o, over every key
+     it has attended so far) and that softmax's normaliser s^←. The two are merged, the stored side detached (sg):
+         C^↔ = α sg(C^←) + (1 - α) C^→,    α = sg(s^←) / (sg(s^←) + s^→ + ε)
+     which is one softmax over old ∪ new keys (tests/test_lamemo.py checks it); s^← + s^→ is stored for the next
+     step. Seed 002's note swaps the arrows: the stored side is the detached one (SPEC §2, the authors' code).
+  3. Disentangled relative positions (§3.3). A look-ahead score uses the distance j - i to the right with its own
+     bias v₊ (`r_r_bias_future`); u is shared with the causal direction:
+         A^→_{i,j} = (q_i + u)·k_j + (q_i + v₊)·W_{k,R} R_{j-i},   j > i
+  4. The refreshed states go through the rest of the layer (W_o, residual, LayerNorm, feed-forward) and become
+     m^{l+1}; the segment's queries at layer l attend to [m^l ; h^l] as in Transformer-XL. So only m^0 (the
+     embeddings) is stored as hidden states, and C^←, log s^← for every layer but the last, which has nothing to feed
+     (the authors' code computes its refresh and discards it) and no v₊. A refreshed state has seen tokens up to
+     the segment's first one, which every query of the segment sees too: nothing leaks.
+Equations are cited by section with the paper's symbols: the seed note at hand (seeds/002) gives no numbers.
+
+Details the paper leaves open follow the authors' code (thu-coai/LaMemo, pytorch/mem_transformer.py, attn_type 3):
+u shared by both directions; ε = 1e-6 added after subtracting the max; α keeps its gradient through s^→; the
+segment's queries see m^l, not this layer's refreshed output. Deviations: the window is the previous segment's
+length T_prev (stored) where the code uses the current one (equal for equal segments; T_prev tiles the windows
+exactly and lets generate() equal forward()); untie_r applies to v₊ as to u and v (the code shares all three);
+invalid slots of a fresh stream are masked and refresh nothing; the softmax is always the manual one, since LaMemo
+stores log-sum-exps and SDPA does not return them.
+
+Reading order: Config → Memory → small blocks (copied from model_xl.py on purpose) → attention in both directions
+and the interpolation → block → model (init, memory, forward, generate).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+LOOKAHEAD_EPS = 1e-6   # ε of α (§3.2), added after subtracting the max (the authors' code)
+
+
+@dataclass
+class Config:
+    # Defaults: model_xl.py's, Transformer-XL's WikiText-103 base model (16 layers, d 410, 10 heads, seg=mem=150).
+    vocab_size: int = 50304   # GPT-2's 50257 padded to a multiple of 64
+    n_layer: int = 16
+    n_head: int = 10
+    n_embd: int = 410         # d_model
+    d_head: int = 41          # per-head width; n_head * d_head need not equal n_embd
+    d_inner: int = 2100       # position-wise feed-forward width
+    dropout: float = 0.1      # on embeddings, attention output, feed-forward, final hidden states
+    dropatt: float = 0.0      # on attention probabilities
+    seg_len: int = 150        # tokens per segment (the paper's N)
+    mem_len: int = 150        # memory positions kept per layer (the paper's M); 0 = the no-memory baseline
+    clamp_len: int = 0        # relative distances (both directions) above this share one embedding; 0 = no clamp
+    same_length: bool = False  # every query of the segment attends to the same number (mem_len) of keys
+    pre_lnorm: bool = False   # False: post-LN as in the paper; True: pre-LN (+ final LayerNorm)
+    untie_r: bool = True      # True: u, v, v₊ per layer; False: one set shared by all layers
+    init_std: float = 0.02    # normal init of weights, as the paper's code
+
+    def __post_init__(self):
+        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ('mem_len', 'clamp_len'):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ('dropout', 'dropatt'):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.n_embd % 2:
+            raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+        if self.n_layer < 2:
+            raise ValueError("LaMemo needs n_layer >= 2: a layer's refreshed memory is the next layer's input")
+
+
+@dataclass
+class Memory:
+    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once. Only
+    layer 0's memory is hidden states; the layers above get theirs by refreshing the layer below at every step."""
+    mem: torch.Tensor       # (1, B, M, C) layer 0's memory: the embeddings of the last M positions, oldest first
+    length: torch.Tensor    # (B,) int64, how many of the M slots (the most recent ones) are valid
+    attn_vec: torch.Tensor  # (n_layer-1, B, H, M, D) C^← per layer but the last: the attention output before W_o
+    attn_lse: torch.Tensor  # (n_layer-1, B, H, M) log s^←, float32 (or the model's dtype if wider)
+    prev_len: torch.Tensor  # (B,) int64, the previous segment's length: the look-ahead window
+
+
+@dataclass
+class OpenSegment:
+    """A segment's state until it is complete and becomes the memory (forward() fills it in one call, generate()
+    token by token). The lists hold one entry per layer l; t tokens so far, in pieces of t_i."""
+    key_valid: torch.Tensor                          # (B, M + t) bool
+    emb: list                                        # pieces (B, t_i, C) of the embeddings h^0
+    kv: list = field(default_factory=list)           # (k, v) each (B, H, M + t, D) of [m^l ; tokens]
+    mem_states: list = field(default_factory=list)   # (C^↔, log s) (B, H, M, D), (B, H, M); not the last layer
+    mem_in: list = field(default_factory=list)       # m^l (B, M, C), the layer's memory input
+    seg_states: list = field(default_factory=list)   # pieces (C, log s) (B, H, t_i, D), (B, H, t_i) of the tokens
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Small blocks, copied from model_xl.py.
+
+# Copied from model_xl.py (PositionwiseFF)
+class PositionwiseFF(nn.Module):
+    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
+
+    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(n_embd)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, x):
+        if self.pre_lnorm:
+            return x + self.net(self.layer_norm(x))
+        return self.layer_norm(x + self.net(x))
+
+
+# Copied from model_xl.py (ScaledEmbedding)
+class ScaledEmbedding(nn.Module):
+    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
+    Its weight is tied to the output layer."""
+
+    def __init__(self, vocab_size, n_embd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
+        self.scale = n_embd ** 0.5
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight) * self.scale
+
+
+# Copied from model_xl.py (PositionalEmbedding)
+class PositionalEmbedding(nn.Module):
+    """The fixed sinusoid R of §3.3 (Vaswani et al.'s, without learnable parameters), evaluated at any positions."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, n_embd, 2.0) / n_embd))
+        self.register_buffer('inv_freq', inv_freq, persistent=False)
+
+    def forward(self, pos_seq):                                   # pos_seq: (K,) float
+        sinusoid = torch.outer(pos_seq, self.inv_freq)            # (K, n_embd/2)
+        return torch.cat([sinusoid.sin(), sinusoid.cos()], -1)    # (K, n_embd)
+
+
+# Copied from model_xl.py (sample_next)
+def sample_next(logits, temperature=1.0, top_k=None):
+    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
+    if temperature == 0.0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
+    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
+
+
+# Copied from model_xl.py (decode)
+def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
+    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
+    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+    if idx.size(1) == 0:
+        raise ValueError("generate needs at least one token in idx")
+    for start in range(0, idx.size(1), seg_len):
+        logits = step(idx[:, start:start + seg_len])
+    for i in range(max_new_tokens):
+        idx_next = sample_next(logits, temperature, top_k)
+        idx = torch.cat([idx, idx_next], dim=1)
+        if callback is not None:
+            callback(idx_next)
+        if i + 1 < max_new_tokens:
+            logits = step(idx_next)
+    return idx
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Relative attention in both directions, and the memory interpolation
+
+
+# Copied from model_xl.py (rel_shift)
+def rel_shift(x):
+    """The rel-shift trick of the Transformer-XL code (its appendix B computes the same thing).
+
+    In: x[..., i, c] = score of query i with the relative embedding of distance K-1-c (columns in the order of
+    R_{K-1}, ..., R_0). Out: y[..., i, j] = score of query i with distance (K-T+i) - j, i.e. the distance between
+    query i (which sits at position K-T+i of the K keys) and key j. Pad one zero column on the left, view the
+    (T, K+1) block as (K+1, T), drop the first row, view back as (T, K). Entries with j > K-T+i (keys in the
+    query's future) come out as garbage and must be masked, as they always are.
+    """
+    B, H, T, K = x.shape
+    x_padded = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1)    # (B, H, T, K+1)
+    x_padded = x_padded.view(B, H, K + 1, T)
+    return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
+
+
+def future_position_scores(q, r_k, W):
+    """rel_shift's counterpart for distances to the right: the look-ahead positional scores (q_i + v₊)·W_{k,R} R_{j-i}
+    (§3.3) of the M memory queries against the W window keys. q: (B, H, M, D) queries + v₊; r_k: (H, M, D) W_{k,R} R
+    for the distances 1..M. Out: y[..., i, j] = q_i · r_k[M - W + j - i], the window key at position M - W + 1 + j
+    of [memory ; segment]; keys at or left of the query (distance <= 0) give garbage, always masked.
+    The authors' `_rel_shift_future` scores every query against every distance: O(M²) time and memory for W used
+    distances per query. Here blocks of W queries each score the 2W - 1 distances they need as one (W, 2W) product
+    and take their W: O(M W). (index_select and gather: a strided-view skew made inductor's CPU backward abort.)"""
+    B, H, M, D = q.shape
+    nb = -(-M // W)                                               # blocks of W queries
+    q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
+    # block a needs the distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW; rows outside 0..M-1
+    # only ever meet masked entries and read zeros
+    pad = (nb + 1) * W - M - 1                                    # zero rows before row 0
+    r = F.pad(r_k, (0, 0, pad, 1))                                # (H, pad + M + 1, D)
+    first = pad + M - 2 * W + 1 - W * torch.arange(nb, device=q.device)           # (nb,) c0(a) in r's rows
+    rows = first[:, None] + torch.arange(2 * W, device=q.device)                   # (nb, 2W)
+    r = r.index_select(1, rows.flatten()).view(H, nb, 2 * W, D)   # (H, nb, 2W, D)
+    s = torch.einsum('bhaid,hacd->bhaic', q, r)                   # (B, H, nb, W, 2W)
+    i = torch.arange(W, device=q.device)
+    take = (W - 1 - i[:, None] + i[None, :]).expand(B, H, nb, W, W)                # y[i, j] = s[i, W - 1 - i + j]
+    return s.gather(-1, take).reshape(B, H, nb * W, W)[:, :, :M]  # (B, H, M, W)
+
+
+def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
+    """Memory interpolation (§3.2): C^↔ = α sg(C^←) + (1 - α) C^→, α = sg(s^←) / (sg(s^←) + s^→ + ε), computed
+    stably from the log-sum-exps (subtract the max, as the authors' code). With ε = 0 this is one softmax over the
+    old and the new keys together. old_vec, new_vec: (B, H, M, D); old_lse, new_lse: (B, H, M).
+    Returns the merged (vec, lse); lse = log(s^← + s^→)."""
+    old_vec, old_lse = old_vec.detach(), old_lse.detach()
+    top = torch.maximum(old_lse, new_lse)
+    s_old, s_new = (old_lse - top).exp(), (new_lse - top).exp()  # (B, H, M), the larger one is 1
+    alpha = (s_old / (s_old + s_new + eps))[..., None]          # (B, H, M, 1)
+    vec = alpha * old_vec + (1 - alpha) * new_vec
+    return vec, torch.logaddexp(old_lse, new_lse)
+
+
+class LookAheadAttn(nn.Module):
+    """model_xl.py's RelMultiHeadAttn (the same parameters, the same names), cut where LaMemo needs it: forward() is
+    the segment's causal attention, look_ahead() the memory's (§3.1); both return the output before W_o and its
+    log-sum-exp, which the interpolation needs; output() applies W_o, the residual and the LayerNorm to either."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.q_net = nn.Linear(C, H * D, bias=False)         # W_q
+        self.kv_net = nn.Linear(C, 2 * H * D, bias=False)    # W_{k,E} and W_v
+        self.r_net = nn.Linear(C, H * D, bias=False)         # W_{k,R}, for the distances of both directions
+        self.o_net = nn.Linear(H * D, C, bias=False)
+        self.layer_norm = nn.LayerNorm(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = nn.Dropout(config.dropatt)
+        self.scale = 1.0 / math.sqrt(D)
+        self.pre_lnorm = config.pre_lnorm
+
+    def keys_values(self, h):
+        """Keys and values (B, H, S, D) of hidden states h (B, S, C), as model_xl.py's."""
+        B, S, _ = h.shape
+        if self.pre_lnorm:
+            h = self.layer_norm(h)
+        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
+        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
+        return k, v
+
+    def queries(self, h):                                         # (B, S, C) -> (B, H, S, D)
+        B, S, _ = h.shape
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        return self.q_net(x).view(B, S, self.n_head, self.d_head).transpose(1, 2)
+
+    def softmax_with_lse(self, score, mask, v):
+        """softmax(score) v with the log-sum-exp of every row (log s). score: (B, H, Q, K) already scaled; mask:
+        (B, 1, Q, K) True where allowed; v: (B, H, K, D). -> (B, H, Q, D) and (B, H, Q) in float32 or wider."""
+        score = score.to(torch.promote_types(score.dtype, torch.float32)).masked_fill(~mask, float('-inf'))
+        lse = torch.logsumexp(score, dim=-1)                      # (B, H, Q)   log s
+        prob = self.dropatt(torch.exp(score - lse[..., None]).to(v.dtype))
+        return torch.einsum('bhij,bhjd->bhid', prob, v), lse
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
+        """The segment's queries: Transformer-XL's relative attention (terms (a)-(d)), arguments as model_xl.py's.
+        -> C (B, H, T, D), log s (B, H, T) and (k, v) (B, H, S+T, D) of [m^l ; h^l]."""
+        H, D = self.n_head, self.d_head
+        q = self.queries(h)                                       # (B, H, T, D)
+        k_new, v_new = self.keys_values(h)
+        k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)
+        v = torch.cat([mem_kv[1], v_new], dim=2)
+        r_k = self.r_net(r).view(k.size(2), H, D).transpose(0, 1)                      # (H, K, D)  W_{k,R} R
+        AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, T, K)
+        BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))     # (B, H, T, K)
+        vec, lse = self.softmax_with_lse((AC + BD) * self.scale, attn_mask, v)
+        return vec, lse, (k, v)
+
+    def look_ahead(self, m, kv, r_future, r_w_bias, r_r_bias_future, mask):
+        """Look-ahead attention (§3.1; positions §3.3): memory query i attends to the window keys on its right.
+        m: (B, M, C) memory input m^l; kv: (k, v) (B, H, M+T, D) of [m^l ; h^l]; r_future: (M, C) R for distances
+        1..M; mask: (B, 1, M, W) over the window M-W+1..M. -> C^→ (B, H, M, D) and log s^→ (B, H, M)."""
+        M, W = m.size(1), mask.size(-1)
+        q = self.queries(m)                                       # (B, H, M, D)
+        k, v = (t[:, :, M - W + 1:M + 1] for t in kv)             # (B, H, W, D) the window K~, V~
+        r_k = self.r_net(r_future).view(M, self.n_head, self.d_head).transpose(0, 1)   # (H, M, D)  W_{k,R} R_{1..M}
+        AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, M, W)
+        BD = future_position_scores(q + r_r_bias_future[:, None], r_k, W)             # (B, H, M, W)
+        return self.softmax_with_lse((AC + BD) * self.scale, mask, v)
+
+    def output(self, h, vec):
+        """W_o, dropout, residual and LayerNorm of attention outputs vec (B, H, S, D) for layer inputs h (B, S, C)."""
+        B, S, _ = h.shape
+        attn_out = self.drop(self.o_net(vec.transpose(1, 2).reshape(B, S, -1)))      # (B, S, C)
+        return h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = LookAheadAttn(config)
+        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
+        """The segment's tokens, as model_xl.py's Block. -> output (B, T, C), their (C, log s), (k, v)."""
+        vec, lse, kv = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask)
+        return self.ff(self.attn.output(h, vec)), (vec, lse), kv
+
+    def refresh(self, m, old, kv, r_future, r_w_bias, r_r_bias_future, mask, mem_valid):
+        """The memory's way through the layer: look-ahead attention, interpolation with the stored `old` (C^←, log s^←)
+        (an invalid slot, mem_valid (B, M) False, keeps it), the rest of the layer. -> m^{l+1}, merged (C^↔, log s)."""
+        new_vec, new_lse = self.attn.look_ahead(m, kv, r_future, r_w_bias, r_r_bias_future, mask)
+        vec, lse = lookahead_merge(*old, new_vec, new_lse)
+        keep = mem_valid[:, None, :]                              # (B, 1, M)
+        vec, lse = torch.where(keep[..., None], vec, old[0]), torch.where(keep, lse, old[1])
+        return self.ff(self.attn.output(m, vec)), (vec, lse)
+
+
+def look_ahead_mask(memory, W):
+    """(B, 1, M, W): memory slot i may attend the window key at position p = M-W+1+j of [memory ; segment] when p
+    is on its right (p > i: §3.1's upper triangle), valid, and not yet looked at: in the previous segment but not its
+    first token (the end of the previous window), p > M - prev_len, or the segment's first token, p = M."""
+    M, device = memory.mem.size(2), memory.length.device
+    i = torch.arange(M, device=device)[:, None]                   # (M, 1)
+    p = torch.arange(M - W + 1, M + 1, device=device)             # (W,)
+    right = (p[None] > i)[None]                                   # (1, M, W)
+    unseen = (p[None] > (M - memory.prev_len)[:, None]) | (p == M)[None]          # (B, W)
+    valid = p[None] >= (M - memory.length)[:, None]                                 # (B, W)
+    return (right & (unseen & valid)[:, None])[:, None]          # (B, 1, M, W)
+
+
+def update_memory(memory, seg):
+    """The memory after the tokens of seg (OpenSegment): layer 0's memory rolls FIFO over their embeddings; every
+    layer but the last keeps C and log s of the last M positions (merged for old positions, the tokens' own for new
+    ones); all detached."""
+    emb = torch.cat(seg.emb, dim=1)                               # (B, T, C)
+    M, T = memory.mem.size(2), emb.size(1)
+
+    def last_M(old, pieces, dtype):                               # (B, H, M, ...) and pieces (B, H, t_i, ...)
+        return torch.cat([old.to(dtype)] + [p.to(dtype) for p in pieces], dim=2)[:, :, T:]
+
+    states = list(zip(seg.mem_states, seg.seg_states))            # the last layer has no state to keep
+    attn_vec = torch.stack([last_M(old[0], [p[0] for p in pieces], memory.attn_vec.dtype) for old, pieces in states])
+    attn_lse = torch.stack([last_M(old[1], [p[1] for p in pieces], memory.attn_lse.dtype) for old, pieces in states])
+    mem = torch.cat([memory.mem[0], emb.to(memory.mem.dtype)], dim=1)[:, T:]      # (B, M, C)
+    return Memory(mem=mem[None].detach().contiguous(), length=(memory.length + T).clamp(max=M),
+                  attn_vec=attn_vec.detach().contiguous(), attn_lse=attn_lse.detach().contiguous(),
+                  prev_len=torch.full_like(memory.prev_len, T))
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.word_emb = ScaledEmbedding(config.vocab_size, C)
+        self.pos_emb = PositionalEmbedding(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        n_bias = config.n_layer if config.untie_r else 1
+        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
+        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
+        # v₊ (§3.3), the bias of look-ahead distances; the last layer refreshes nothing and has none
+        self.r_r_bias_future = nn.Parameter(torch.empty(config.n_layer - 1 if config.untie_r else 1, H, D))
+        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
+        # the output layer is the embedding matrix (tied), see forward
+        self.apply(self._init_weights)
+        for bias in (self.r_w_bias, self.r_r_bias, self.r_r_bias_future):
+            nn.init.normal_(bias, 0.0, config.init_std)
+
+    def _init_weights(self, module):
+        # As model_xl.py (the paper's code): N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std).
+        if isinstance(module, (nn.Linear, ScaledEmbedding, nn.LayerNorm)):
+            nn.init.normal_(module.weight, 1.0 if isinstance(module, nn.LayerNorm) else 0.0, self.config.init_std)
+        if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    # --- memory -------------------------------------------------------------------------------------------
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (a longer one at eval)."""
+        c = self.config
+        M = c.mem_len if mem_len is None else mem_len
+        B, L, H, D = batch_size, c.n_layer - 1, c.n_head, c.d_head   # the last layer refreshes nothing
+        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
+        lse_dtype = torch.promote_types(dtype, torch.float32)    # float32, or the model's dtype if wider
+        return Memory(mem=torch.zeros(1, B, M, c.n_embd, device=device, dtype=dtype),
+                      length=torch.zeros(B, dtype=torch.long, device=device),
+                      attn_vec=torch.zeros(L, B, H, M, D, device=device, dtype=dtype),
+                      attn_lse=torch.zeros(L, B, H, M, device=device, dtype=lse_dtype),
+                      prev_len=torch.zeros(B, dtype=torch.long, device=device))
+
+    def reset_memory(self, memory, mask):
+        """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
+        keep = ~mask
+
+        def keep_rows(x):                                         # x: (B,) or (L, B, ...)
+            shape = [-1] if x.dim() == 1 else [1, -1] + [1] * (x.dim() - 2)
+            return x * keep.view(shape).to(x.dtype)
+
+        return Memory(**{name: keep_rows(x) for name, x in vars(memory).items()})
+
+    def _positions(self, pos_seq):
+        """R at the given distances (clamped at clamp_len), with dropout as in the paper's code."""
+        if self.config.clamp_len > 0:
+            pos_seq = pos_seq.clamp(max=self.config.clamp_len)
+        return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
+
+    def _attn_mask(self, key_valid, T, mem_len):
+        """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
+        Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
+        same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
+        K = key_valid.size(1)
+        S = K - T
+        i = torch.arange(T, device=key_valid.device)[:, None]
+        j = torch.arange(K, device=key_valid.device)[None, :]
+        distance = S + i - j                                      # (T, K)
+        allowed = distance >= 0                                   # causal
+        if self.config.same_length:
+            allowed = allowed & (distance < max(mem_len, 1))
+        return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
+
+    def _biases(self, n):                                         # u, v and v₊ of layer n (no v₊ for the last)
+        i = n if self.config.untie_r else 0
+        return self.r_w_bias[i], self.r_r_bias[i], self.r_r_bias_future[i] if n < len(self.layers) - 1 else None
+
+    # --- forward ------------------------------------------------------------------------------------------
+
+    def _open_segment(self, h, memory):
+        """All layers for the first T tokens of a segment, refreshing the memory on the way up (steps 1-4 of the
+        docstring). h: (B, T, C) embeddings h^0. -> the last layer's output (B, T, C) and the OpenSegment."""
+        B, T, _ = h.shape
+        M, device = memory.mem.size(2), h.device
+        mem_valid = torch.arange(M, device=device)[None, :] >= (M - memory.length)[:, None]   # (B, M)
+        seg = OpenSegment(key_valid=torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1), emb=[h])
+        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, M+T)
+        r = self._positions(torch.arange(M + T - 1, -1, -1.0, device=device))         # (M+T, C) distances M+T-1..0
+        if M > 0:
+            la_mask = look_ahead_mask(memory, min(self.config.seg_len, M))           # (B, 1, M, W)
+            r_future = self._positions(torch.arange(1.0, M + 1, device=device))        # (M, C) distances 1..M
+        m = memory.mem[0]                                         # (B, M, C) m^0, stored
+        for n, layer in enumerate(self.layers):
+            u, v, v_future = self._biases(n)
+            seg.mem_in.append(m)
+            h_next, state, kv = layer(h, layer.attn.keys_values(m), r, u, v, attn_mask)
+            if v_future is not None:                              # the last layer has no next layer to refresh
+                old = (memory.attn_vec[n], memory.attn_lse[n])    # (B, H, M, D), (B, H, M)
+                if M > 0:
+                    m, old = layer.refresh(m, old, kv, r_future, u, v_future, la_mask, mem_valid)   # m^{l+1}
+                seg.mem_states.append(old)
+            seg.kv.append(kv)
+            seg.seg_states.append([state])
+            h = h_next
+        return h, seg
+
+    def _extend_segment(self, h, seg, M):
+        """Later tokens of an open segment (generate): they attend to the cached keys and values of [refreshed
+        memory ; earlier tokens], as in Transformer-XL. h: (B, T, C) embeddings. -> the last layer's output."""
+        B, T, _ = h.shape
+        seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+        K = seg.key_valid.size(1)
+        attn_mask = self._attn_mask(seg.key_valid, T, M)
+        r = self._positions(torch.arange(K - 1, -1, -1.0, device=h.device))          # (K, C)
+        seg.emb.append(h)
+        for n, layer in enumerate(self.layers):
+            u, v, _ = self._biases(n)
+            h, state, seg.kv[n] = layer(h, seg.kv[n], r, u, v, attn_mask)
+            seg.seg_states[n].append(state)
+        return h
+
+    def forward(self, idx, memory, targets=None):
+        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux)."""
+        T = idx.size(1)
+        if T > self.config.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
+        h, seg = self._open_segment(self.drop(self.word_emb(idx)), memory)           # (B, T, C)
+        logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)            # (B, T, V), tied output layer
+        new_memory = update_memory(memory, seg)
+        loss, aux = None, {}
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            aux['lm_loss'] = loss.detach()
+        return logits, loss, new_memory, aux
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, mem_len=None):
+        """Training FLOPs per token, for MFU: model_xl.py's count, plus per segment in every layer but the last the
+        look-ahead's W_q, W_o, feed-forward over M positions, W_{k,R} over M distances and attention (W keys, 2W
+        distances, W values per memory query)."""
+        c = self.config
+        M = c.mem_len if mem_len is None else mem_len
+        T, K, HD, W = c.seg_len, M + c.seg_len, c.n_head * c.d_head, min(c.seg_len, M)
+        attention = 6 * 3 * c.n_layer * HD * K
+        per_segment = 6 * c.n_layer * (2 * M * c.n_embd * HD + K * c.n_embd * HD) / T
+        look_ahead = M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 4 * HD * M * W   # per layer but the last
+        per_segment += 6 * (c.n_layer - 1) * look_ahead / T
+        return 6 * self.num_params() + attention + per_segment
+
+    # --- generation ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. A segment's
+        first tokens refresh the memory as forward() does; later ones attend to the cached keys and values; the
+        complete segment becomes the memory as in forward(). callback(tokens (B, 1)) follows each sampled token."""
+        c = self.config
+        if memory is None:
+            memory = self.init_memory(idx.size(0), idx.device)
+        M = memory.mem.size(2)
+        seg = None                                                # the open segment (OpenSegment), None between
+
+        def step(tokens):
+            nonlocal memory, seg
+            h = self.drop(self.word_emb(tokens))                  # (B, T, C)
+            if seg is None:
+                h, seg = self._open_segment(h, memory)
+            else:
+                h = self._extend_segment(h, seg, M)
+            if seg.key_valid.size(1) - M == c.seg_len:            # segment complete: it becomes the memory
+                memory = update_memory(memory, seg)
+                seg = None
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
+
+        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
