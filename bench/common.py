@@ -182,3 +182,12 @@ def write_json(path, payload, script, argv):
     path.write_text(json.dumps(payload, indent=1) + '\n')
     print(f"wrote {path}")
     return path
+
+
+def try_plot(draw, *args):
+    """draw(*args) a benchmark's figure; without matplotlib say so and go on (the JSON is already written)."""
+    import plot
+    try:
+        draw(*args)
+    except plot.NoMatplotlib as e:
+        print(f"no plot: {e}", file=sys.stderr)

@@ -155,11 +155,7 @@ def main(argv=None):
         common.write_json(cfg.out, {'config': dataclasses.asdict(cfg), 'base': base, 'runs': runs,
                                     'summary': summary}, 'bench/compression.py', argv)
         if cfg.plot:
-            import plot
-            try:
-                plot_summary(summary, runs, Path(cfg.out).with_suffix('.png'))
-            except plot.NoMatplotlib as e:
-                print(f"no plot: {e}", file=sys.stderr)
+            common.try_plot(plot_summary, summary, runs, Path(cfg.out).with_suffix('.png'))
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

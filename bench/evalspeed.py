@@ -181,6 +181,9 @@ def plot_summary(summary, unit, path):
         b.errorbar(L, [r[key] for r in summary], yerr=[r[key + '_std'] for r in summary], marker='o', label=label)
     b.set(xscale='log', xlabel='attention length L', ylabel=unit, title=f'{unit} on the same positions')
     b.legend()
+    for ax in (a, b):
+        ax.set_xticks(L, [str(x) for x in L])
+        ax.minorticks_off()
     plot._save(fig, path)
 
 
@@ -204,11 +207,7 @@ def main(argv=None):
         common.write_json(cfg.out, {'config': dataclasses.asdict(cfg), 'unit': unit, 'runs': dict(zip(runs, per_run)),
                                     'summary': summary}, 'bench/evalspeed.py', argv)
         if cfg.plot:
-            import plot
-            try:
-                plot_summary(summary, unit, Path(cfg.out).with_suffix('.png'))
-            except plot.NoMatplotlib as e:
-                print(f"no plot: {e}", file=sys.stderr)
+            common.try_plot(plot_summary, summary, unit, Path(cfg.out).with_suffix('.png'))
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 
