@@ -32,7 +32,7 @@ squared errors summed over layers.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -115,6 +115,16 @@ class Usage(NamedTuple):
     queries: torch.Tensor  # (B, K)
 
 
+@dataclass
+class OpenSegment:
+    """generate()'s segment from its first token until decode() closes it and it becomes the memory (forward()
+    takes a whole segment in one call). The lists hold one entry per layer; t tokens so far, in pieces of t_i."""
+    key_valid: torch.Tensor  # (B, S + t) bool over [concat(cm, m) ; tokens], S = cmem_len + mem_len
+    kv: list                 # (k, v) each (B, H, S + t, D): the cached keys and values of [concat(cm, m) ; tokens]
+    hids: list               # pieces (B, t_i, C) of the layer's inputs h: its memory to be
+    usage: Usage             # the attention the keys received so far (most_used), over S + seg_len keys
+
+
 # -----------------------------------------------------------------------------------------------------------
 # Small blocks. These are shared by design with the other model files, which copy them verbatim.
 
@@ -181,19 +191,28 @@ def sample_next(logits, temperature=1.0, top_k=None):
 def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
     """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
     never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
+    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
+    turns that segment into the memory, as forward() does at the end of a segment.
     callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    seg_pos = 0                                                   # tokens of the open segment so far
+
+    def feed(tokens):
+        nonlocal seg_pos
+        seg_pos = (seg_pos + tokens.size(1)) % seg_len
+        return step(tokens, closes_segment=seg_pos == 0)
+
     for start in range(0, idx.size(1), seg_len):
-        logits = step(idx[:, start:start + seg_len])
+        logits = feed(idx[:, start:start + seg_len])
     for i in range(max_new_tokens):
         idx_next = sample_next(logits, temperature, top_k)
         idx = torch.cat([idx, idx_next], dim=1)
         if callback is not None:
             callback(idx_next)
         if i + 1 < max_new_tokens:
-            logits = step(idx_next)
+            logits = feed(idx_next)
     return idx
 
 
@@ -344,8 +363,6 @@ def rel_shift(x):
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
 
 
-
-
 # Copied from model_xl.py (RelMultiHeadAttn) with forward(..., attn_mask) -> forward(..., attn_mask, need_usage),
 # which also returns the attention mass each key received (most_used; manual path), and content_attention added
 class RelMultiHeadAttn(nn.Module):
@@ -353,6 +370,7 @@ class RelMultiHeadAttn(nn.Module):
     LayerNorm: model_xl.py's, plus the attention mass each key receives (for most_used) and Algorithm 2's
     content attention."""
 
+    # Copied from model_xl.py (RelMultiHeadAttn.__init__)
     def __init__(self, config):
         super().__init__()
         C, H, D = config.n_embd, config.n_head, config.d_head
@@ -369,6 +387,7 @@ class RelMultiHeadAttn(nn.Module):
         self.pre_lnorm = config.pre_lnorm
         self.use_sdpa = config.use_sdpa
 
+    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
         """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
         position alone (positions enter only through R), so the memory's can be computed once and cached."""
@@ -494,6 +513,7 @@ def reconstruction_loss(kind, layers, hids, groups, new_cm, n_new):
 
 
 class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__)
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -511,9 +531,11 @@ class Model(nn.Module):
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
 
+    # Copied from model_xl.py (Model._init_weights) with nn.Linear->(nn.Linear, nn.Conv1d): f_c's convolutions are
+    # initialised like the linear layers
     def _init_weights(self, module):
-        # As model_xl.py (the Transformer-XL code's weights_init): N(0, init_std) weights, zero biases,
-        # LayerNorm gains N(1, init_std); the compression convolutions like the linear layers.
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Conv1d)):
             nn.init.normal_(module.weight, 0.0, std)
@@ -579,6 +601,7 @@ class Model(nn.Module):
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) ----------------------------------
 
+    # Copied from model_xl.py (Model._relative_positions)
     def _relative_positions(self, K, device):
         """R for the distances K-1, ..., 0 (clamped at clamp_len), with dropout as in the paper's code."""
         pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
@@ -586,6 +609,7 @@ class Model(nn.Module):
             pos_seq = pos_seq.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
 
+    # Copied from model_xl.py (Model._attn_mask)
     def _attn_mask(self, key_valid, T, mem_len):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
         Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
@@ -600,8 +624,9 @@ class Model(nn.Module):
             allowed = allowed & (distance < max(mem_len, 1))
         return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
 
-    def _u_v(self, n):
-        n = n if self.config.untie_r else 0
+    # Copied from model_xl.py (Model._u_v)
+    def _u_v(self, i):
+        n = i if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
 
     # --- forward ------------------------------------------------------------------------------------------
@@ -647,6 +672,7 @@ class Model(nn.Module):
 
     # --- bookkeeping for train.py -------------------------------------------------------------------------
 
+    # Copied from model_xl.py (Model.num_params)
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
@@ -665,44 +691,41 @@ class Model(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
         """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. Keys and
-        values are cached, and so are the open segment's layer inputs (and, for most_used, its usage): when seg_len
-        tokens are complete, _update_memory runs as in forward(). callback(tokens (B, 1)): after each sampled token."""
+        values are cached, and so are the open segment's layer inputs (and, for most_used, its usage): when decode()
+        closes the segment, _update_memory runs as in forward(). callback(tokens (B, 1)): after each sampled token."""
         config = self.config
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)
         S = config.cmem_len + memory.mem.size(2)
         need_usage = config.cmem_len > 0 and config.compression == 'most_used'
-        cache = key_valid = hids = usage = None                         # the open segment
+        seg = None                                                      # the open segment, None until its first token
 
-        def open_segment():
-            nonlocal cache, key_valid, hids, usage
-            mem = torch.cat([memory.cmem, memory.mem], dim=2)           # (L, B, S, C) concat(cm, m)
-            cache = [layer.attn.keys_values(mem[n]) for n, layer in enumerate(self.layers)]
-            key_valid, hids = self._memory_valid(memory), []            # (B, S); [(L, B, T, C) per step]
-            usage = Usage(memory.attn_mass.new_zeros(config.n_layer, B, S + config.seg_len),
-                          memory.attn_queries.new_zeros(B, S + config.seg_len))
-
-        def step(tokens):
-            nonlocal memory, key_valid
+        def step(tokens, closes_segment):
+            nonlocal memory, seg
+            if seg is None:                                             # a segment opens on the memory
+                mem = torch.cat([memory.cmem, memory.mem], dim=2)       # (L, B, S, C) concat(cm, m)
+                seg = OpenSegment(key_valid=self._memory_valid(memory),
+                                  kv=[layer.attn.keys_values(mem[n]) for n, layer in enumerate(self.layers)],
+                                  hids=[[] for _ in self.layers],
+                                  usage=Usage(memory.attn_mass.new_zeros(config.n_layer, B, S + config.seg_len),
+                                              memory.attn_queries.new_zeros(B, S + config.seg_len)))
             T = tokens.size(1)
-            key_valid = torch.cat([key_valid, key_valid.new_ones(B, T)], dim=1)
-            K = key_valid.size(1)
-            attn_mask = self._attn_mask(key_valid, T, S)
+            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+            K = seg.key_valid.size(1)
+            attn_mask = self._attn_mask(seg.key_valid, T, S)
             r = self._relative_positions(K, tokens.device)
-            h, layer_inputs = self.drop(self.word_emb(tokens)), []
+            h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
-                layer_inputs.append(h)
-                h, cache[n], layer_usage = layer(h, cache[n], r, *self._u_v(n), attn_mask, need_usage)
+                seg.hids[n].append(h)
+                h, seg.kv[n], layer_usage = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, need_usage)
                 if need_usage:
-                    usage.mass[n, :, :K] += layer_usage
-            usage.queries[:, :K] += attn_mask.sum((1, 2))
-            hids.append(torch.stack(layer_inputs))
-            if K == S + config.seg_len:                                 # segment complete: update as forward()
-                memory, _ = self._update_memory(memory, torch.cat(hids, dim=2), usage if need_usage else None,
-                                                recon=False)
-                open_segment()
+                    seg.usage.mass[n, :, :K] += layer_usage
+            seg.usage.queries[:, :K] += attn_mask.sum((1, 2))
+            if closes_segment:                                          # it becomes the memory, as in forward()
+                hids = torch.stack([torch.cat(pieces, dim=1) for pieces in seg.hids])   # (L, B, seg_len, C)
+                memory, _ = self._update_memory(memory, hids, seg.usage if need_usage else None, recon=False)
+                seg = None
             return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)  # (B, V) logits of the last position
 
-        open_segment()
         return decode(step, idx, max_new_tokens, config.seg_len, temperature, top_k, callback)

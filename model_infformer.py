@@ -199,19 +199,28 @@ def sample_next(logits, temperature=1.0, top_k=None):
 def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
     """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
     never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
+    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
+    turns that segment into the memory, as forward() does at the end of a segment.
     callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    seg_pos = 0                                                   # tokens of the open segment so far
+
+    def feed(tokens):
+        nonlocal seg_pos
+        seg_pos = (seg_pos + tokens.size(1)) % seg_len
+        return step(tokens, closes_segment=seg_pos == 0)
+
     for start in range(0, idx.size(1), seg_len):
-        logits = step(idx[:, start:start + seg_len])
+        logits = feed(idx[:, start:start + seg_len])
     for i in range(max_new_tokens):
         idx_next = sample_next(logits, temperature, top_k)
         idx = torch.cat([idx, idx_next], dim=1)
         if callback is not None:
             callback(idx_next)
         if i + 1 < max_new_tokens:
-            logits = step(idx_next)
+            logits = feed(idx_next)
     return idx
 
 
@@ -519,6 +528,8 @@ def rel_shift(x):
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
 
 
+# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->RelMultiHeadAttnLTM, the LTM attention (ltm)
+# added, and forward(..., attn_mask) -> forward(..., attn_mask, ltm), which adds Z_LTM before the residual
 class RelMultiHeadAttnLTM(nn.Module):
     """model_xl.py's relative multi-head attention over [STM ; segment], plus Z_LTM before the residual (Eq. 12)."""
 
@@ -539,13 +550,15 @@ class RelMultiHeadAttnLTM(nn.Module):
         self.use_sdpa = config.use_sdpa
         self.ltm = LongTermAttention(config)
 
+    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
-        """Keys and values (B, H, length, D) of hidden states h (B, length, C), as model_xl.py."""
-        B, length, _ = h.shape
+        """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
+        position alone (positions enter only through R), so the memory's can be computed once and cached."""
+        B, S, _ = h.shape
         if self.pre_lnorm:
             h = self.layer_norm(h)
-        kv = self.kv_net(h).view(B, length, 2, self.n_head, self.d_head)
-        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, length, D)
+        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
+        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
         return k, v
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
@@ -582,6 +595,7 @@ class RelMultiHeadAttnLTM(nn.Module):
         return out, (k, v), mu, sigma_sq
 
 
+# Copied from model_xl.py (Block) with RelMultiHeadAttn->RelMultiHeadAttnLTM and the LTM read (ltm) passed through
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -604,7 +618,19 @@ class SegmentStart(NamedTuple):
     ltm: LTMSegment           # the LTM after this step's write, and what each layer reads of it
 
 
+@dataclass
+class OpenSegment:
+    """generate()'s segment from its first token until decode() closes it and it becomes the memory (forward()
+    takes a whole segment in one call). The lists hold one entry per layer; t tokens so far, in pieces of t_i."""
+    start: SegmentStart      # what the segment's positions share: the STM's keys and the LTM after its write
+    key_valid: torch.Tensor  # (B, mem_len + t) bool over [STM ; tokens]
+    kv: list                 # (k, v) each (B, H, mem_len + t, D): the cached keys and values of [STM ; tokens]
+    hids: list               # pieces (B, t_i, C) of the layer's inputs: its STM to be
+    hists: list              # (B, sticky_bins) the attention histogram summed over the tokens so far (sticky)
+
+
 class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__) with self.long_term (the LTM) added
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -622,9 +648,11 @@ class Model(nn.Module):
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
         self.long_term = LongTermMemory(config)                   # the LTM's basis, ridge matrices and write
 
+    # Copied from model_xl.py (Model._init_weights)
+    # (the CNN gate, a Conv1d, keeps PyTorch's default init, as in the authors' code)
     def _init_weights(self, module):
-        # As model_xl.py: N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std); the CNN gate keeps
-        # PyTorch's default init, as in the authors' code.
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
         std = self.config.init_std
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, 0.0, std)
@@ -675,12 +703,16 @@ class Model(nn.Module):
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) --------------------------------
 
+    # Copied from model_xl.py (Model._relative_positions)
     def _relative_positions(self, K, device):
+        """R for the distances K-1, ..., 0 (clamped at clamp_len), with dropout as in the paper's code."""
         pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
         if self.config.clamp_len > 0:
             pos_seq = pos_seq.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
 
+    # Copied from model_xl.py (Model._attn_mask) with same_length and its mem_len argument removed: Config has no
+    # same_length (every query sees the whole STM and the segment up to itself)
     def _attn_mask(self, key_valid, T):
         """key_valid: (B, K) bool, the last T keys being the queries themselves; causal. -> (B, 1, T, K)"""
         K = key_valid.size(1)
@@ -688,6 +720,7 @@ class Model(nn.Module):
         j = torch.arange(K, device=key_valid.device)[None, :]
         return ((K - T + i - j >= 0)[None] & key_valid[:, None, :])[:, None]
 
+    # Copied from model_xl.py (Model._u_v)
     def _u_v(self, i):
         n = i if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
@@ -729,6 +762,7 @@ class Model(nn.Module):
 
     # --- bookkeeping for train.py -------------------------------------------------------------------------
 
+    # Copied from model_xl.py (Model.num_params)
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
@@ -750,37 +784,36 @@ class Model(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
         """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. A segment
         starts as in forward() (the LTM write); each new token then costs one position's work against the cached
-        keys; a complete segment updates the memory as forward() would (the attention histogram summed over its
-        tokens). callback(tokens (B, 1)) is called after each sampled token."""
+        keys (OpenSegment); when decode() closes the segment it updates the memory as forward() would (the
+        attention histogram summed over its tokens). callback(tokens (B, 1)) is called after each sampled token."""
         c = self.config
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)
-        seg = {}                                                        # the open segment's state
+        seg = None                                                      # the open segment, None until its first token
 
-        def step(tokens):
-            nonlocal memory
-            if not seg:                                                 # a new segment starts
+        def step(tokens, closes_segment):
+            nonlocal memory, seg
+            if seg is None:                                             # a segment opens on the memory
                 start = self._begin_segment(memory)
-                seg.update(start=start, cache=list(start.stm_kv), key_valid=start.stm_valid,
-                           hids=[[] for _ in self.layers], hists=[torch.zeros_like(hist) for hist in memory.ltm_hist])
+                seg = OpenSegment(start=start, key_valid=start.stm_valid, kv=list(start.stm_kv),
+                                  hids=[[] for _ in self.layers],
+                                  hists=[torch.zeros_like(hist) for hist in memory.ltm_hist])
             T = tokens.size(1)
-            seg['key_valid'] = torch.cat([seg['key_valid'], seg['key_valid'].new_ones(B, T)], dim=1)
-            attn_mask = self._attn_mask(seg['key_valid'], T)
-            r = self._relative_positions(seg['key_valid'].size(1), tokens.device)
+            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+            attn_mask = self._attn_mask(seg.key_valid, T)
+            r = self._relative_positions(seg.key_valid.size(1), tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
-                seg['hids'][n].append(h)
-                h, seg['cache'][n], mu, sigma_sq = layer(h, seg['cache'][n], r, *self._u_v(n), attn_mask,
-                                                         seg['start'].ltm.read[n])
+                seg.hids[n].append(h)
+                h, seg.kv[n], mu, sigma_sq = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, seg.start.ltm.read[n])
                 if c.ltm and c.sticky:
-                    seg['hists'][n] = seg['hists'][n] + attention_histogram(mu, sigma_sq, c.sticky_bins)
-            if sum(x.size(1) for x in seg['hids'][0]) == c.seg_len:    # segment complete: it becomes memory
-                hists = [normalized(hist) for hist in seg['hists']] if c.ltm and c.sticky else list(memory.ltm_hist)
-                memory = self._update_memory(memory, [torch.cat(x, dim=1) for x in seg['hids']], seg['start'],
+                    seg.hists[n] = seg.hists[n] + attention_histogram(mu, sigma_sq, c.sticky_bins)
+            if closes_segment:                                          # it becomes the memory, as in forward()
+                hists = [normalized(hist) for hist in seg.hists] if c.ltm and c.sticky else list(memory.ltm_hist)
+                memory = self._update_memory(memory, [torch.cat(pieces, dim=1) for pieces in seg.hids], seg.start,
                                              hists, c.seg_len)
-                seg.clear()
-            h = self.ln_f(h[:, -1])
-            return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position
+                seg = None
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
 
         return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)

@@ -99,6 +99,14 @@ class Memory:
     length: torch.Tensor  # (B,) int64, tokens written into the memory since the row was last emptied (0 = empty)
 
 
+@dataclass
+class OpenSegment:
+    """generate()'s segment from its first token until decode() closes it and it is written into the memory
+    (forward() takes a whole segment in one call). kv holds one entry per layer."""
+    length: int              # t, the tokens so far (the next token's RoPE position)
+    kv: list                 # (k_rot, k, v) each (B, H, t, D): cached keys (rotated and not), values; None at t = 0
+
+
 # -----------------------------------------------------------------------------------------------------------
 # Small blocks. These are shared by design with the other model files, which copy them verbatim.
 
@@ -151,19 +159,28 @@ def sample_next(logits, temperature=1.0, top_k=None):
 def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
     """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
     never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
+    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
+    turns that segment into the memory, as forward() does at the end of a segment.
     callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    seg_pos = 0                                                   # tokens of the open segment so far
+
+    def feed(tokens):
+        nonlocal seg_pos
+        seg_pos = (seg_pos + tokens.size(1)) % seg_len
+        return step(tokens, closes_segment=seg_pos == 0)
+
     for start in range(0, idx.size(1), seg_len):
-        logits = step(idx[:, start:start + seg_len])
+        logits = feed(idx[:, start:start + seg_len])
     for i in range(max_new_tokens):
         idx_next = sample_next(logits, temperature, top_k)
         idx = torch.cat([idx, idx_next], dim=1)
         if callback is not None:
             callback(idx_next)
         if i + 1 < max_new_tokens:
-            logits = step(idx_next)
+            logits = feed(idx_next)
     return idx
 
 
@@ -300,6 +317,7 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__) with pos_emb, r_w_bias, r_r_bias (u, v) -> rope
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -312,8 +330,11 @@ class Model(nn.Module):
         # the output layer is the embedding matrix (tied), see forward
         self.apply(self._init_weights)
 
+    # Copied from model_xl.py (Model._init_weights)
+    # (β is a Parameter, not a module: it keeps gate_init)
     def _init_weights(self, module):
-        # As model_xl.py: N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std). β keeps gate_init.
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
         std = self.config.init_std
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, 0.0, std)
@@ -388,6 +409,7 @@ class Model(nn.Module):
 
     # --- bookkeeping for train.py -------------------------------------------------------------------------
 
+    # Copied from model_xl.py (Model.num_params)
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
@@ -406,33 +428,33 @@ class Model(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
         """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
-        The open segment's keys and values are cached (each new token costs one position's local attention
-        and one retrieval); when seg_len tokens are complete they are written into the memory and the cache is
-        emptied, exactly as forward() does at the end of a segment.
+        The open segment's keys and values are cached (OpenSegment): each new token costs one position's local
+        attention and one retrieval; when decode() closes the segment they are written into the memory, exactly
+        as forward() does at the end of a segment.
         callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
         c = self.config
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)
-        state = {'M': list(memory.M.unbind(0)), 'z': list(memory.z.unbind(0)), 'length': memory.length,
-                 'cache': [None] * c.n_layer, 'seg_pos': 0}       # seg_pos: tokens of the open segment
+        seg = None                                                      # the open segment, None until its first token
 
-        def step(tokens):
+        def step(tokens, closes_segment):
+            nonlocal memory, seg
+            if seg is None:                                             # a segment opens: nothing cached yet
+                seg = OpenSegment(length=0, kv=[None] * c.n_layer)
             T = tokens.size(1)
-            has_memory = (state['length'] > 0).view(B, 1, 1, 1)
-            rope = self.rope(state['seg_pos'], T, tokens.device)
+            has_memory = (memory.length > 0).view(B, 1, 1, 1)
+            rope = self.rope(seg.length, T, tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
-                h, state['cache'][n] = layer(h, state['M'][n], state['z'][n], has_memory, rope, state['cache'][n])
-            state['seg_pos'] += T
-            if state['seg_pos'] == c.seg_len:                       # segment complete: write it into the memory
-                for n, layer in enumerate(self.layers):
-                    _, k, v = state['cache'][n]
-                    state['M'][n], state['z'][n] = layer.attn.update_memory(
-                        state['M'][n], state['z'][n], has_memory, k, v, c.memory_update)
-                state['length'] = state['length'] + c.seg_len
-                state['cache'], state['seg_pos'] = [None] * c.n_layer, 0
-            h = self.ln_f(h[:, -1])
-            return F.linear(h, self.word_emb.weight)                # (B, V) logits of the last position
+                h, seg.kv[n] = layer(h, memory.M[n], memory.z[n], has_memory, rope, seg.kv[n])
+            seg.length += T
+            if closes_segment:                                          # written into the memory, as in forward()
+                new_M, new_z = zip(*(layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v,
+                                                              c.memory_update)
+                                     for n, (layer, (_, k, v)) in enumerate(zip(self.layers, seg.kv))))
+                memory = Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + seg.length)
+                seg = None
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
 
         return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)

@@ -168,19 +168,28 @@ def sample_next(logits, temperature=1.0, top_k=None):
 def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
     """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
     never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
+    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
+    turns that segment into the memory, as forward() does at the end of a segment.
     callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    seg_pos = 0                                                   # tokens of the open segment so far
+
+    def feed(tokens):
+        nonlocal seg_pos
+        seg_pos = (seg_pos + tokens.size(1)) % seg_len
+        return step(tokens, closes_segment=seg_pos == 0)
+
     for start in range(0, idx.size(1), seg_len):
-        logits = step(idx[:, start:start + seg_len])
+        logits = feed(idx[:, start:start + seg_len])
     for i in range(max_new_tokens):
         idx_next = sample_next(logits, temperature, top_k)
         idx = torch.cat([idx, idx_next], dim=1)
         if callback is not None:
             callback(idx_next)
         if i + 1 < max_new_tokens:
-            logits = step(idx_next)
+            logits = feed(idx_next)
     return idx
 
 
@@ -241,6 +250,8 @@ def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
     return vec, torch.logaddexp(old_lse, new_lse)
 
 
+# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->LookAheadAttn, forward() cut into queries(),
+# forward() (segment attention with log-sum-exp, no W_o), look_ahead() (§3.1) and output() (W_o, residual, LayerNorm)
 class LookAheadAttn(nn.Module):
     """model_xl.py's RelMultiHeadAttn (the same parameters, the same names), cut where LaMemo needs it: forward() is
     the segment's causal attention, look_ahead() the memory's (§3.1); both return the output before W_o and its
@@ -260,8 +271,10 @@ class LookAheadAttn(nn.Module):
         self.scale = 1.0 / math.sqrt(D)
         self.pre_lnorm = config.pre_lnorm
 
+    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
-        """Keys and values (B, H, S, D) of hidden states h (B, S, C), as model_xl.py's."""
+        """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
+        position alone (positions enter only through R), so the memory's can be computed once and cached."""
         B, S, _ = h.shape
         if self.pre_lnorm:
             h = self.layer_norm(h)
@@ -315,6 +328,8 @@ class LookAheadAttn(nn.Module):
         return h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
 
 
+# Copied from model_xl.py (Block) with RelMultiHeadAttn->LookAheadAttn, forward() also returning (C, log s), and
+# refresh() (the memory's way through the layer) added
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -373,6 +388,7 @@ def update_memory(memory, seg):
 
 
 class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__) with r_r_bias_future (v₊) added
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -392,11 +408,19 @@ class Model(nn.Module):
         for bias in (self.r_w_bias, self.r_r_bias, self.r_r_bias_future):
             nn.init.normal_(bias, 0.0, config.init_std)
 
+    # Copied from model_xl.py (Model._init_weights)
     def _init_weights(self, module):
-        # As model_xl.py (the paper's code): N(0, init_std) weights, zero biases, LayerNorm gains N(1, init_std).
-        if isinstance(module, (nn.Linear, ScaledEmbedding, nn.LayerNorm)):
-            nn.init.normal_(module.weight, 1.0 if isinstance(module, nn.LayerNorm) else 0.0, self.config.init_std)
-        if isinstance(module, (nn.Linear, nn.LayerNorm)) and module.bias is not None:
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaledEmbedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, std)
             nn.init.zeros_(module.bias)
 
     # --- memory -------------------------------------------------------------------------------------------
@@ -424,12 +448,14 @@ class Model(nn.Module):
 
         return Memory(**{name: keep_rows(x) for name, x in vars(memory).items()})
 
+    # Copied from model_xl.py (Model._relative_positions) with K->pos_seq: any distances (the look-ahead's are 1..M)
     def _positions(self, pos_seq):
         """R at the given distances (clamped at clamp_len), with dropout as in the paper's code."""
         if self.config.clamp_len > 0:
             pos_seq = pos_seq.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
 
+    # Copied from model_xl.py (Model._attn_mask)
     def _attn_mask(self, key_valid, T, mem_len):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
         Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
@@ -444,6 +470,7 @@ class Model(nn.Module):
             allowed = allowed & (distance < max(mem_len, 1))
         return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
 
+    # Copied from model_xl.py (Model._u_v) with _u_v->_biases, which adds v₊ (None for the last layer)
     def _biases(self, n):                                         # u, v and v₊ of layer n (no v₊ for the last)
         i = n if self.config.untie_r else 0
         return self.r_w_bias[i], self.r_r_bias[i], self.r_r_bias_future[i] if n < len(self.layers) - 1 else None
@@ -506,6 +533,7 @@ class Model(nn.Module):
             aux['lm_loss'] = loss.detach()
         return logits, loss, new_memory, aux
 
+    # Copied from model_xl.py (Model.num_params)
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
@@ -527,24 +555,24 @@ class Model(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
         """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. A segment's
-        first tokens refresh the memory as forward() does; later ones attend to the cached keys and values; the
-        complete segment becomes the memory as in forward(). callback(tokens (B, 1)) follows each sampled token."""
-        c = self.config
+        first tokens refresh the memory as forward() does; later ones attend to the cached keys and values; when
+        decode() closes the segment it becomes the memory as in forward(). callback(tokens (B, 1)) follows each
+        sampled token."""
+        B = idx.size(0)
         if memory is None:
-            memory = self.init_memory(idx.size(0), idx.device)
-        M = memory.mem.size(2)
-        seg = None                                                # the open segment (OpenSegment), None between
+            memory = self.init_memory(B, idx.device)
+        seg = None                                                      # the open segment, None until its first token
 
-        def step(tokens):
+        def step(tokens, closes_segment):
             nonlocal memory, seg
-            h = self.drop(self.word_emb(tokens))                  # (B, T, C)
-            if seg is None:
-                h, seg = self._open_segment(h, memory)
+            h = self.drop(self.word_emb(tokens))                        # (B, T, C)
+            if seg is None:                                             # a segment opens: its first tokens refresh
+                h, seg = self._open_segment(h, memory)                  # the memory
             else:
-                h = self._extend_segment(h, seg, M)
-            if seg.key_valid.size(1) - M == c.seg_len:            # segment complete: it becomes the memory
+                h = self._extend_segment(h, seg, memory.mem.size(2))
+            if closes_segment:                                          # it becomes the memory, as in forward()
                 memory = update_memory(memory, seg)
                 seg = None
             return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
 
-        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
+        return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)

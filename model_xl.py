@@ -75,6 +75,15 @@ class Memory:
     length: torch.Tensor  # (B,) int64, how many of the mem_len slots (the most recent ones) are valid
 
 
+@dataclass
+class OpenSegment:
+    """generate()'s segment from its first token until decode() closes it and it becomes the memory (forward()
+    takes a whole segment in one call). The lists hold one entry per layer; t tokens so far, in pieces of t_i."""
+    key_valid: torch.Tensor  # (B, M + t) bool over [memory ; tokens]
+    kv: list                 # (k, v) each (B, H, M + t, D): the cached keys and values of [memory ; tokens]
+    hids: list               # pieces (B, t_i, C) of the layer's inputs: its memory to be
+
+
 # -----------------------------------------------------------------------------------------------------------
 # Small blocks. These are shared by design with the other model files, which copy them verbatim.
 
@@ -141,19 +150,28 @@ def sample_next(logits, temperature=1.0, top_k=None):
 def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
     """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
     never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T)) -> (B, V) logits of the last position; it keeps the model's cache.
+    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
+    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
+    turns that segment into the memory, as forward() does at the end of a segment.
     callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    seg_pos = 0                                                   # tokens of the open segment so far
+
+    def feed(tokens):
+        nonlocal seg_pos
+        seg_pos = (seg_pos + tokens.size(1)) % seg_len
+        return step(tokens, closes_segment=seg_pos == 0)
+
     for start in range(0, idx.size(1), seg_len):
-        logits = step(idx[:, start:start + seg_len])
+        logits = feed(idx[:, start:start + seg_len])
     for i in range(max_new_tokens):
         idx_next = sample_next(logits, temperature, top_k)
         idx = torch.cat([idx, idx_next], dim=1)
         if callback is not None:
             callback(idx_next)
         if i + 1 < max_new_tokens:
-            logits = step(idx_next)
+            logits = feed(idx_next)
     return idx
 
 
@@ -177,9 +195,11 @@ def rel_shift(x):
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
 
 
+# Copied from model_xl.py (RelMultiHeadAttn)
 class RelMultiHeadAttn(nn.Module):
     """Multi-head attention with Transformer-XL relative positions (§3.3), its residual and LayerNorm."""
 
+    # Copied from model_xl.py (RelMultiHeadAttn.__init__)
     def __init__(self, config):
         super().__init__()
         C, H, D = config.n_embd, config.n_head, config.d_head
@@ -196,6 +216,7 @@ class RelMultiHeadAttn(nn.Module):
         self.pre_lnorm = config.pre_lnorm
         self.use_sdpa = config.use_sdpa
 
+    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
         """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
         position alone (positions enter only through R), so the memory's can be computed once and cached."""
@@ -247,6 +268,7 @@ class RelMultiHeadAttn(nn.Module):
         return out, (k, v)
 
 
+# Copied from model_xl.py (Block)
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -263,6 +285,7 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__)
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -280,6 +303,7 @@ class Model(nn.Module):
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
 
+    # Copied from model_xl.py (Model._init_weights)
     def _init_weights(self, module):
         # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
         # LayerNorm gains N(1, init_std).
@@ -321,6 +345,7 @@ class Model(nn.Module):
 
     # --- attention geometry, shared by forward and generate ------------------------------------------------
 
+    # Copied from model_xl.py (Model._relative_positions)
     def _relative_positions(self, K, device):
         """R for the distances K-1, ..., 0 (clamped at clamp_len), with dropout as in the paper's code."""
         pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
@@ -328,6 +353,7 @@ class Model(nn.Module):
             pos_seq = pos_seq.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
 
+    # Copied from model_xl.py (Model._attn_mask)
     def _attn_mask(self, key_valid, T, mem_len):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
         Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
@@ -342,6 +368,7 @@ class Model(nn.Module):
             allowed = allowed & (distance < max(mem_len, 1))
         return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
 
+    # Copied from model_xl.py (Model._u_v)
     def _u_v(self, i):
         n = i if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
@@ -378,6 +405,7 @@ class Model(nn.Module):
 
     # --- bookkeeping for train.py -------------------------------------------------------------------------
 
+    # Copied from model_xl.py (Model.num_params)
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
@@ -397,34 +425,32 @@ class Model(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
         """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
-        Keys and values are cached: each new token costs one position's work, and when a segment of seg_len
-        tokens is complete it becomes memory by dropping the oldest cached keys, exactly as forward() does.
+        The open segment's keys and values are cached (OpenSegment): each new token costs one position's work; when
+        decode() closes the segment it becomes the memory, exactly as forward() does.
         callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
-        c = self.config
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)
-        M = memory.mem.size(2)
-        cache = [layer.attn.keys_values(memory.mem[n]) for n, layer in enumerate(self.layers)]
-        key_valid = torch.arange(M, device=idx.device)[None, :] >= (M - memory.length)[:, None]    # (B, S)
-        seg_pos = 0                                                     # tokens of the open segment in the cache
+        seg = None                                                      # the open segment, None until its first token
 
-        def step(tokens):
-            nonlocal cache, key_valid, seg_pos
+        def step(tokens, closes_segment):
+            nonlocal memory, seg
+            if seg is None:                                             # a segment opens on the memory
+                M = memory.mem.size(2)
+                seg = OpenSegment(key_valid=torch.arange(M, device=idx.device)[None, :] >= (M - memory.length)[:, None],
+                                  kv=[layer.attn.keys_values(memory.mem[n]) for n, layer in enumerate(self.layers)],
+                                  hids=[[] for _ in self.layers])
             T = tokens.size(1)
-            key_valid = torch.cat([key_valid, key_valid.new_ones(B, T)], dim=1)
-            K = key_valid.size(1)
-            attn_mask = self._attn_mask(key_valid, T, M)
-            r = self._relative_positions(K, tokens.device)
+            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+            attn_mask = self._attn_mask(seg.key_valid, T, memory.mem.size(2))
+            r = self._relative_positions(seg.key_valid.size(1), tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
-                h, cache[n] = layer(h, cache[n], r, *self._u_v(n), attn_mask)
-            seg_pos += T
-            if seg_pos == c.seg_len:                                    # segment complete: keep the last M
-                cache = [(k[:, :, K - M:], v[:, :, K - M:]) for k, v in cache]
-                key_valid = key_valid[:, K - M:]
-                seg_pos = 0
-            h = self.ln_f(h[:, -1])
-            return F.linear(h, self.word_emb.weight)                   # (B, V) logits of the last position
+                seg.hids[n].append(h)
+                h, seg.kv[n] = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask)
+            if closes_segment:                                          # it becomes the memory, as in forward()
+                memory = self._update_memory(memory, [torch.cat(pieces, dim=1) for pieces in seg.hids])
+                seg = None
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
 
-        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
+        return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)

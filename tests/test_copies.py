@@ -1,7 +1,10 @@
 """
 The single-model-file policy (STYLE.md): code shared between model files is duplicated and marked
-`# Copied from model_xl.py (Name)`; the copies must stay textually identical to the top-level `class Name` /
-`def Name` in model_xl.py. Model files import only torch, numpy and the standard library.
+`# Copied from model_xl.py (Name)`; the copies must stay textually identical to the class or function `Name` of
+model_xl.py. Name may be a method (`Model._attn_mask`): a marker inside a class guards the method under it (the
+class may have another name: a copied method in a modified class). A copy that differs on purpose says how,
+`# Copied from model_xl.py (Name) with A->B`; it is not compared, but Name must still exist in model_xl.py (a
+rename there breaks the test). Model files import only torch, numpy and the standard library.
 """
 
 import ast
@@ -15,32 +18,46 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / 'model_xl.py'
 MODEL_FILES = sorted(ROOT.glob('model_*.py'))
-MARKER = re.compile(r'^# Copied from model_xl\.py \((\w+)\)\s*$')
+MARKER = re.compile(r'^\s*# Copied from model_xl\.py \(([\w.]+)\)(?: with (.+?))?\s*$')
 ALLOWED_THIRD_PARTY = {'torch', 'numpy'}
 
 
-def top_level_blocks(source):
-    """{name: text} of the top-level classes and functions, decorators included; a name defined twice maps to
-    None (ambiguous)."""
+def definitions(source):
+    """[(qualified name, first line, text)] of the classes and functions at any depth, decorators included;
+    a method's name is `Class.method`. The text of a nested definition keeps its indentation after the first
+    line, so two copies compare equal only at the same depth."""
     lines = source.splitlines()
+    found = []
+
+    def visit(body, prefix):
+        for node in body:
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                text = '\n'.join([line.strip() for line in lines[start - 1:node.lineno - 1]]
+                                 + [ast.get_source_segment(source, node)])
+                found.append((prefix + node.name, start, text))
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, prefix + node.name + '.')
+
+    visit(ast.parse(source).body, '')
+    return found
+
+
+def blocks_by_name(source):
+    """{name: text} of the classes and functions at any depth (`Class.method` for methods); a name defined twice
+    maps to None (ambiguous)."""
     blocks = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-            text = '\n'.join(lines[start - 1:node.lineno - 1] + [ast.get_source_segment(source, node)])
-            blocks[node.name] = None if node.name in blocks else text
+    for name, _, text in definitions(source):
+        blocks[name] = None if name in blocks else text
     return blocks
 
 
 def marked_copies(source):
-    """[(line number, Name, name of the block that follows the marker or None)] for every marker. The block
-    must follow the marker directly (only blank lines or comments between)."""
+    """[(line number, Name, qualified name of the definition that follows the marker or None, modification or
+    None)] for every marker. The definition must follow the marker directly (only blank lines or comments
+    between)."""
     lines = source.splitlines()
-    starts = {}
-    for node in ast.parse(source).body:
-        start = min([node.lineno] + [d.lineno for d in getattr(node, 'decorator_list', [])])
-        is_definition = isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        starts[start] = node.name if is_definition else None
+    starts = {start: name for name, start, _ in definitions(source)}
     copies = []
     for number, line in enumerate(lines, start=1):
         match = MARKER.match(line)
@@ -52,27 +69,31 @@ def marked_copies(source):
                 following = starts[later]
                 break
             if lines[later - 1].strip() and not lines[later - 1].lstrip().startswith('#'):
-                break                                   # something that is not a top-level statement: nested code
-        copies.append((number, match.group(1), following))
+                break                                   # a statement that is not a definition
+        copies.append((number, match.group(1), following, match.group(2)))
     return copies
 
 
 def check_copies(path, source_path=SOURCE):
     """Problems (strings) with the `# Copied from model_xl.py (Name)` blocks of path; [] when all is well."""
-    source_blocks = top_level_blocks(Path(source_path).read_text())
+    source_blocks = blocks_by_name(Path(source_path).read_text())
     text = Path(path).read_text()
-    blocks = top_level_blocks(text)
+    blocks = blocks_by_name(text)
     problems = []
-    for number, name, following in marked_copies(text):
+    for number, name, following, modification in marked_copies(text):
         where = f"{Path(path).name}:{number}"
-        if following != name:
-            problems.append(f"{where}: marker for {name} is followed by {following or 'no class/def'}")
+        if following is None:
+            problems.append(f"{where}: marker for {name} is followed by no class/def")
         elif name not in source_blocks:
-            problems.append(f"{where}: {name} is not a top-level class/def of {Path(source_path).name}")
-        elif source_blocks[name] is None or blocks[name] is None:
+            problems.append(f"{where}: {name} is not a class/def of {Path(source_path).name}")
+        elif modification is not None:
+            continue                                    # a modified copy: only its source must exist
+        elif following.split('.')[-1] != name.split('.')[-1]:   # a method may sit in a renamed class
+            problems.append(f"{where}: marker for {name} is followed by {following}")
+        elif source_blocks[name] is None or blocks[following] is None:
             problems.append(f"{where}: {name} is defined more than once")
-        elif blocks[name] != source_blocks[name]:
-            diff = difflib.unified_diff(source_blocks[name].splitlines(), blocks[name].splitlines(),
+        elif blocks[following] != source_blocks[name]:
+            diff = difflib.unified_diff(source_blocks[name].splitlines(), blocks[following].splitlines(),
                                         Path(source_path).name, Path(path).name, lineterm='')
             problems.append(f"{where}: {name} differs from the original:\n" + '\n'.join(diff))
     return problems
@@ -109,10 +130,10 @@ def test_copied_blocks_match_model_xl(path):
 
 def test_model_xl_marks_its_shared_blocks():
     """model_xl.py holds the originals and marks them; whatever another file copies must be marked there."""
-    marked_in_source = {name for _, name, _ in marked_copies(SOURCE.read_text())}
+    marked_in_source = {name for _, name, _, _ in marked_copies(SOURCE.read_text())}
     assert marked_in_source, "model_xl.py marks no shared blocks"
     for path in MODEL_FILES:
-        copied = {name for _, name, _ in marked_copies(path.read_text())}
+        copied = {name for _, name, _, _ in marked_copies(path.read_text())}
         assert copied <= marked_in_source, (path.name, copied - marked_in_source)
 
 
@@ -120,13 +141,13 @@ def test_model_xl_marks_its_shared_blocks():
 def test_every_model_file_copies_the_shared_blocks(path):
     """Every other model file (model_lamemo.py included) copies its shared blocks from model_xl.py instead of
     importing or rewriting them, so the checks above cover it."""
-    copied = {name for _, name, _ in marked_copies(path.read_text())}
+    copied = {name for _, name, _, _ in marked_copies(path.read_text())}
     assert {'PositionwiseFF', 'ScaledEmbedding', 'sample_next', 'decode'} <= copied, path.name
 
 
 def test_checker_detects_modified_copy(tmp_path):
-    name = next(name for _, name, _ in marked_copies(SOURCE.read_text()))
-    original = top_level_blocks(SOURCE.read_text())[name]
+    name = next(name for _, name, _, _ in marked_copies(SOURCE.read_text()) if '.' not in name)
+    original = blocks_by_name(SOURCE.read_text())[name]
     header = "import torch\n\n\n"
 
     good = tmp_path / 'model_good.py'
@@ -146,11 +167,34 @@ def test_checker_detects_modified_copy(tmp_path):
 
     missing = tmp_path / 'model_missing.py'                 # the block does not exist in model_xl.py
     missing.write_text(f"{header}# Copied from model_xl.py (NoSuchBlock)\ndef NoSuchBlock():\n    pass\n")
-    assert 'not a top-level' in check_copies(missing)[0]
+    assert 'not a class/def' in check_copies(missing)[0]
 
-    nested = tmp_path / 'model_nested.py'                   # a marker inside a class does not count as a copy
-    nested.write_text(f"{header}class A:\n    # Copied from model_xl.py ({name})\n    x = 1\n\n\n{original}\n")
-    assert check_copies(nested) == []
+    modified = tmp_path / 'model_modified.py'               # a modified copy is not compared, but its source must exist
+    modified.write_text(f"{header}# Copied from model_xl.py ({name}) with a->b\n{altered}\n")
+    assert check_copies(modified) == []
+    modified.write_text(f"{header}# Copied from model_xl.py (NoSuchBlock) with a->b\n{altered}\n")
+    assert 'not a class/def' in check_copies(modified)[0]
+
+
+def test_checker_guards_methods(tmp_path):
+    """A marker inside a class guards the method under it, against the method of the same class in model_xl.py."""
+    method = next(name for _, name, _, modified in marked_copies(SOURCE.read_text()) if '.' in name and not modified)
+    cls, _ = method.split('.')
+    original = blocks_by_name(SOURCE.read_text())[method]
+    header = f"import torch\n\n\nclass {cls}:\n    # Copied from model_xl.py ({method})\n    "
+
+    good = tmp_path / 'model_good.py'
+    good.write_text(header + original + '\n')
+    assert check_copies(good) == []
+
+    bad = tmp_path / 'model_bad.py'
+    bad.write_text(header + original + '\n        pass\n')
+    problems = check_copies(bad)
+    assert len(problems) == 1 and 'differs' in problems[0]
+
+    statement = tmp_path / 'model_statement.py'             # a marker over something that is not a definition
+    statement.write_text(f"import torch\n\n\nclass {cls}:\n    # Copied from model_xl.py ({method})\n    x = 1\n")
+    assert 'no class/def' in check_copies(statement)[0]
 
 
 @pytest.mark.parametrize('path', MODEL_FILES, ids=lambda p: p.name)
