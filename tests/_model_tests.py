@@ -74,3 +74,39 @@ def train_on_repeated_pattern(model, steps, batch_size=4, period=13, record='los
         if check_lm_loss:
             assert torch.equal(aux['lm_loss'], loss.detach())
     return losses
+
+
+def assert_greedy_generate_matches_forward(model, prompt, n_new, memory, start, seg, rng_seed=None):
+    """generate(temperature=0) streams every new token to its callback and picks the argmax of forward()'s logits
+    over the whole sequence, read segment by segment from the memory `start`. rng_seed: reseed before both, for a
+    model whose memory update draws random numbers (the ∞-former's sticky memories)."""
+    B, P = prompt.shape
+    streamed = []
+    if rng_seed is not None:
+        torch.manual_seed(rng_seed)
+    out = model.generate(prompt, n_new, temperature=0.0, memory=memory, callback=streamed.append)
+    assert out.shape == (B, P + n_new) and torch.equal(out[:, :P], prompt)
+    assert len(streamed) == n_new and all(t.shape == (B, 1) for t in streamed)
+    assert torch.equal(torch.cat(streamed, dim=1), out[:, P:])               # the callback got every token
+    if rng_seed is not None:
+        torch.manual_seed(rng_seed)
+    with torch.no_grad():
+        logits, _ = run_segments(model, out, start, seg)
+    assert torch.equal(logits[:, P - 1:-1].argmax(-1), out[:, P:])
+    return out
+
+
+def assert_sampled_generate_matches_forward(model, prompt, n_new, memory, start, seg, sample_next):
+    """Greedy continuations of a random model tend to loop on one or two tokens; sampling gives a varied one.
+    Replaying the same RNG with sample_next(logits, 1.0) on forward()'s logits (the whole sequence so far, segment
+    by segment) must pick the same tokens, which checks generate's cached logits at every step."""
+    P = prompt.size(1)
+    torch.manual_seed(42)
+    out = model.generate(prompt, n_new, temperature=1.0, memory=memory)
+    assert len(set(out[:, P:].flatten().tolist())) > 4
+    torch.manual_seed(42)
+    with torch.no_grad():
+        for k in range(n_new):
+            logits, _ = run_segments(model, out[:, :P + k], start, seg)
+            assert torch.equal(sample_next(logits[:, -1], 1.0)[:, 0], out[:, P + k]), k
+    return out

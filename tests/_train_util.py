@@ -59,6 +59,12 @@ def flags(data_dir, out_dir, model=TINY_XL, **overrides):
     return [f'--{k}={v}' for k, v in values.items()]
 
 
+# A prompt/training text for the GPT-2-vocabulary checkpoints of tests/test_sample.py and test_models_train.py
+TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
+        "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
+        "it was the season of Darkness, it was the spring of hope, it was the winter of despair. ")
+
+
 ENV = dict(os.environ, PYTHONUNBUFFERED='1', PYTHONIOENCODING='utf-8', OMP_NUM_THREADS='1')
 
 

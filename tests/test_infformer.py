@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 
 import model_xl
-from _model_tests import F64, V, differs, run_segments, tokens, train_on_repeated_pattern
+from _model_tests import (F64, V, assert_greedy_generate_matches_forward, assert_sampled_generate_matches_forward,
+                          differs, run_segments, tokens, train_on_repeated_pattern)
 from model_infformer import (Config, Memory, Model, attention_histogram, evaluate_basis, expected_basis,
-                             counter_uniforms, gaussian_basis, ridge_matrix, ridge_positions,
+                             counter_uniforms, gaussian_basis, ridge_matrix, ridge_positions, sample_next,
                              sample_sticky_points)
 
 
@@ -433,35 +434,18 @@ def generate_setup(with_memory, mem_len, sticky, B=2, seg=4):
 @pytest.mark.parametrize('with_memory,mem_len,sticky', [(False, 4, False), (True, 4, False), (True, 0, False),
                                                         (True, 6, True)])
 def test_greedy_generate_matches_segmentwise_forward(prompt_len, with_memory, mem_len, sticky):
-    seg, B, n_new = 4, 2, 14
     model, memory, start = generate_setup(with_memory, mem_len, sticky)
-    prompt = tokens(B, prompt_len, seed=prompt_len)
-    streamed = []
-    torch.manual_seed(3)                                                # sticky draws: same RNG stream
-    out = model.generate(prompt, n_new, temperature=0.0, memory=memory, callback=streamed.append)
-    assert torch.equal(torch.cat(streamed, dim=1), out[:, prompt_len:])
-    torch.manual_seed(3)
-    with torch.no_grad():
-        logits, _ = run_segments(model, out, start, seg)
-    assert torch.equal(logits[:, prompt_len - 1:-1].argmax(-1), out[:, prompt_len:])
+    assert_greedy_generate_matches_forward(model, tokens(2, prompt_len, seed=prompt_len), 14, memory, start, 4,
+                                           rng_seed=3)                 # sticky draws: the same RNG stream
 
 
 @pytest.mark.parametrize('prompt_len', [3, 9])
 def test_sampled_generate_matches_segmentwise_forward(prompt_len):
     """Replaying the sampling RNG on forward()'s logits picks the same tokens (sticky=False: generate's RNG is then
     used by sampling only)."""
-    seg, B, n_new = 4, 2, 13
     model, memory, start = generate_setup(True, 4, False)
-    prompt = tokens(B, prompt_len, seed=prompt_len)
-    torch.manual_seed(42)
-    out = model.generate(prompt, n_new, temperature=1.0, memory=memory)
-    assert len(set(out[:, prompt_len:].flatten().tolist())) > 4
-    torch.manual_seed(42)
-    with torch.no_grad():
-        for k in range(n_new):
-            logits, _ = run_segments(model, out[:, :prompt_len + k], start, seg)
-            probs = F.softmax(logits[:, -1].float(), dim=-1)
-            assert torch.equal(torch.multinomial(probs, 1)[:, 0], out[:, prompt_len + k]), k
+    assert_sampled_generate_matches_forward(model, tokens(2, prompt_len, seed=prompt_len), 13, memory, start, 4,
+                                            sample_next)
 
 
 def test_generate_rejects_empty_prompt():

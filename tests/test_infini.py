@@ -14,7 +14,8 @@ import torch
 
 import _model_tests
 import model_infini
-from _model_tests import F64, V, differs, run_segments, tokens, train_on_repeated_pattern
+from _model_tests import (F64, V, assert_greedy_generate_matches_forward, assert_sampled_generate_matches_forward,
+                          differs, run_segments, tokens, train_on_repeated_pattern)
 from model_infini import Config, Memory, Model, apply_rope, memory_retrieve, memory_update, sample_next, sigma
 
 # this file's default tolerances (1e-9, see above) are tighter than those of the other model tests
@@ -474,33 +475,17 @@ def generate_setup(with_memory, rule, seg=4, B=2):
 
 @generate_cases
 def test_greedy_generate_matches_segmentwise_forward(prompt_len, with_memory, rule):
-    seg, B, n_new = 4, 2, 11
+    seg, B = 4, 2
     model, memory, start = generate_setup(with_memory, rule, seg, B)
-    prompt = tokens(B, prompt_len, seed=prompt_len)
-    streamed = []
-    out = model.generate(prompt, n_new, temperature=0.0, memory=memory, callback=streamed.append)
-    assert out.shape == (B, prompt_len + n_new)
-    assert torch.equal(out[:, :prompt_len], prompt)
-    assert torch.equal(torch.cat(streamed, dim=1), out[:, prompt_len:])
-    with torch.no_grad():
-        logits, _ = run_segments(model, out, start, seg)
-    assert torch.equal(logits[:, prompt_len - 1:-1].argmax(-1), out[:, prompt_len:])
+    assert_greedy_generate_matches_forward(model, tokens(B, prompt_len, seed=prompt_len), 11, memory, start, seg)
 
 
 @generate_cases
 def test_sampled_generate_matches_segmentwise_forward(prompt_len, with_memory, rule):
-    """Replaying the same RNG on forward()'s logits must pick the same tokens at every step."""
-    seg, B, n_new = 4, 2, 11
+    seg, B = 4, 2
     model, memory, start = generate_setup(with_memory, rule, seg, B)
-    prompt = tokens(B, prompt_len, seed=prompt_len)
-    torch.manual_seed(42)
-    out = model.generate(prompt, n_new, temperature=1.0, memory=memory)
-    assert len(set(out[:, prompt_len:].flatten().tolist())) > 4
-    torch.manual_seed(42)
-    with torch.no_grad():
-        for k in range(n_new):
-            logits, _ = run_segments(model, out[:, :prompt_len + k], start, seg)
-            assert torch.equal(sample_next(logits[:, -1], 1.0)[:, 0], out[:, prompt_len + k]), k
+    assert_sampled_generate_matches_forward(model, tokens(B, prompt_len, seed=prompt_len), 11, memory, start, seg,
+                                            sample_next)
 
 
 @pytest.mark.parametrize('rule', ['linear', 'delta'])

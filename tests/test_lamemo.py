@@ -13,7 +13,9 @@ import torch
 
 import model_lamemo
 import model_xl
-from _model_tests import F64, V, assert_close, differs, run_segments, sinusoid, tokens, train_on_repeated_pattern
+from _model_tests import (F64, V, assert_close, assert_greedy_generate_matches_forward,
+                          assert_sampled_generate_matches_forward, differs, run_segments, sinusoid, tokens,
+                          train_on_repeated_pattern)
 from model_lamemo import Config, Memory, Model, future_position_scores, lookahead_merge, sample_next
 
 
@@ -417,29 +419,15 @@ def test_sampled_generate_matches_segmentwise_forward(prompt_len, with_memory, m
     """Replaying the same RNG on forward()'s logits (the whole sequence so far, segment by segment) picks the same
     tokens, which checks generate's cached logits at every step, across segment boundaries and refreshes. The
     initial memory ends with a 3-token segment, so the first look-ahead window is 3 long."""
-    seg, B, n_new = 4, 2, 11
+    seg, B = 4, 2
     model, memory, start = generate_setup(with_memory, mem_len, extra, seg, B)
-    prompt = tokens(B, prompt_len, seed=prompt_len)
-    streamed = []
-    torch.manual_seed(42)
-    out = model.generate(prompt, n_new, temperature=1.0, memory=memory, callback=streamed.append)
-    assert out.shape == (B, prompt_len + n_new) and torch.equal(out[:, :prompt_len], prompt)
-    assert torch.equal(torch.cat(streamed, dim=1), out[:, prompt_len:])
-    assert len(set(out[:, prompt_len:].flatten().tolist())) > 4
-    torch.manual_seed(42)
-    with torch.no_grad():
-        for k in range(n_new):
-            logits, _ = run_segments(model, out[:, :prompt_len + k], start, seg)
-            assert torch.equal(sample_next(logits[:, -1], 1.0)[:, 0], out[:, prompt_len + k]), k
+    assert_sampled_generate_matches_forward(model, tokens(B, prompt_len, seed=prompt_len), 11, memory, start, seg,
+                                            sample_next)
 
 
 def test_greedy_generate_matches_segmentwise_forward():
     model, memory, start = generate_setup(True, 6, {})
-    prompt = tokens(2, 5, seed=5)
-    out = model.generate(prompt, 9, temperature=0.0, memory=memory)
-    with torch.no_grad():
-        logits, _ = run_segments(model, out, start, 4)
-    assert torch.equal(logits[:, 4:-1].argmax(-1), out[:, 5:])
+    assert_greedy_generate_matches_forward(model, tokens(2, 5, seed=5), 9, memory, start, 4)
 
 
 def test_generate_rejects_empty_prompt():

@@ -14,7 +14,7 @@ import torch
 
 import train
 from _models import TINY_MODELS
-from _train_util import (ROOT, assert_identical, flags, load, make_pattern_dataset, pattern_tokens, read_log,
+from _train_util import (ROOT, TEXT, assert_identical, flags, load, make_pattern_dataset, pattern_tokens, read_log,
                          run_python, write_dataset)
 
 
@@ -213,15 +213,6 @@ def test_eval_reset_memory_evaluates_without_memory(data_dir, tmp_path):
 # sample.py
 
 
-TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-        "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
-        "it was the season of Darkness, it was the spring of hope, it was the winter of despair. ")
-
-
-@pytest.fixture(scope='module')
-def enc():
-    from data.tokenizer import get_encoding
-    return get_encoding()
 
 
 @pytest.mark.parametrize('name', VARIANTS)

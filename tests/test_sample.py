@@ -15,21 +15,13 @@ import torch
 
 import sample
 import train
-from _train_util import TINY_XL, assert_one_line_error, flags, run_python, write_dataset
-from data.tokenizer import get_encoding, gpt2_tokenizer
+from _train_util import TEXT, TINY_XL, assert_one_line_error, flags, run_python, write_dataset
+from data.tokenizer import gpt2_tokenizer
 
 # init_std 0.3 and a tiny lr keep the model far from "repeat the likeliest token": its greedy output depends on
 # the context, so a prompt that misses the memory changes it
 GPT2_XL = dict(TINY_XL, vocab_size=50304, init_std=0.3)
 SEPARATOR = '-' * 40 + '\n'
-TEXT = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was the age of "
-        "foolishness, it was the epoch of belief, it was the epoch of incredulity, it was the season of Light, "
-        "it was the season of Darkness, it was the spring of hope, it was the winter of despair. ")
-
-
-@pytest.fixture(scope='module')
-def enc():
-    return get_encoding()
 
 
 @pytest.fixture(scope='module')
