@@ -173,6 +173,14 @@ def cli(argv, config_cls, run, table, size):
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 
+def int_list(value, name='value'):
+    """'1,2,3' -> [1, 2, 3] (empty items skipped); anything else is a one-line error naming --name."""
+    try:
+        return [int(v) for v in value.split(',') if v]
+    except ValueError:
+        raise train.UserError(f"--{name} takes comma-separated integers, got {value!r}") from None
+
+
 def write_json(path, payload, script, argv):
     """The results as JSON, with the date, the torch version and the command that made them."""
     path = Path(path)

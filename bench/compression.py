@@ -141,10 +141,7 @@ def main(argv=None):
         unknown = [n for n in names if n not in VARIANTS]
         if unknown:
             raise train.UserError(f"unknown variant {unknown[0]!r}; known: {', '.join(VARIANTS)}")
-        try:
-            seeds = [int(s) for s in cfg.seeds.split(',')]
-        except ValueError:
-            raise train.UserError(f"--seeds takes comma-separated integers, got {cfg.seeds!r}") from None
+        seeds = common.int_list(cfg.seeds, 'seeds')
         base = train.read_config_file(train.REPO / cfg.base if not Path(cfg.base).exists() else cfg.base)
         max_iters = cfg.max_iters or base.get('max_iters', train.TrainConfig.max_iters)
         jobs = [(n, s) for s in seeds for n in names]

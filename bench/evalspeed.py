@@ -96,7 +96,7 @@ def vanilla_nll(model, tokens, start, positions, window, window_batch, device):
 
 
 def load_run(out_dir, cfg, device, longest):
-    """(model with seg_len >= the longest window, its seg_len, eval tokens, bytes per token or None)."""
+    """(model with seg_len >= the longest window, its seg_len, the split as train.py evaluates it: an EvalSet)."""
     path = Path(out_dir) / cfg.ckpt
     ckpt = train.load_checkpoint(path)
     if ckpt['model_name'] != 'xl':
@@ -107,11 +107,9 @@ def load_run(out_dir, cfg, device, longest):
     model.eval().to(device)
     data_dir = Path(cfg.data_dir or ckpt['train_config']['data_dir']
                     or train.REPO / 'data' / ckpt['train_config']['dataset'])
-    tokens = np.asarray(train.load_split(data_dir, cfg.split))
-    tokenizer = train.data_tokenizer(train.load_meta(data_dir))
-    lengths = None if tokenizer is None else tokenizer.byte_lengths()
-    unit = 'bpb' if tokenizer is None or tokenizer.name == 'gpt2' else 'bpc'
-    return model, trained_seg_len, tokens, lengths, unit
+    meta = train.load_meta(data_dir)
+    evalset = train.eval_set(train.load_split(data_dir, cfg.split), meta, cfg.split, train.data_tokenizer(meta))
+    return model, trained_seg_len, evalset
 
 
 def bits(nll, targets, byte_lengths):
@@ -121,7 +119,8 @@ def bits(nll, targets, byte_lengths):
 
 
 def measure_run(out_dir, cfg, lengths, device):
-    model, trained_seg_len, tokens, byte_lengths, unit = load_run(out_dir, cfg, device, max(lengths))
+    model, trained_seg_len, evalset = load_run(out_dir, cfg, device, max(lengths))
+    tokens, byte_lengths, unit = evalset.data, evalset.byte_lengths, evalset.unit
     T = cfg.seg_len or trained_seg_len
     positions = math.ceil(cfg.positions / T) * T
     start = math.ceil(max(lengths) / T) * T                        # every method has its full context here
@@ -191,11 +190,8 @@ def main(argv=None):
     def go(argv):
         cfg = common.parse(argv, EvalSpeedConfig)
         device, _ = common.setup(cfg.device)
-        try:
-            lengths = sorted(int(v) for v in cfg.lengths.split(','))
-        except ValueError:
-            raise train.UserError(f"--lengths takes comma-separated integers, got {cfg.lengths!r}") from None
-        if lengths[0] < 1:
+        lengths = sorted(common.int_list(cfg.lengths, 'lengths'))
+        if not lengths or lengths[0] < 1:
             raise train.UserError("--lengths must be >= 1")
         runs = [r for r in cfg.runs.split(',') if r]
         per_run, unit = [], None

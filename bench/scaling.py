@@ -57,10 +57,6 @@ class ScalingConfig:
                 raise ValueError(f"{name} must be positive integers, got {getattr(self, name)!r}")
 
 
-def ints(s):
-    return [int(v) for v in s.split(',') if v]
-
-
 class Point:
     def __init__(self, series, history, model, memory, optimizer, ctx, batch_size, device):
         self.series, self.history, self.model, self.memory = series, history, model, memory
@@ -107,11 +103,11 @@ def make_points(name, spec, size, cfg, device, ctx):
         model, c = common.build(spec, **size)
         model.to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        for M in ints(cfg.mem_lens):
+        for M in common.int_list(cfg.mem_lens):
             memory = advance(model, model.init_memory(B, device, mem_len=M), M + c.seg_len, ctx, M, B, device)
             points.append(Point(name, M, model, memory, opt, ctx, B, device))
     elif axis == 'cmem_len':                                    # a model per compressed-memory length
-        for CM in ints(cfg.cmem_lens):
+        for CM in common.int_list(cfg.cmem_lens):
             model, c = common.build(spec, **size, cmem_len=CM)
             model.to(device).train()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -123,7 +119,7 @@ def make_points(name, spec, size, cfg, device, ctx):
         model.to(device).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         memory, read = model.init_memory(B, device), 0
-        for H in sorted(ints(cfg.histories)):
+        for H in sorted(common.int_list(cfg.histories)):
             memory = advance(model, memory, H - read, ctx, read, B, device)
             read = H
             points.append(Point(name, H, model, clone(memory), opt, ctx, B, device))

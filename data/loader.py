@@ -12,7 +12,6 @@ and its byte lengths turn an evaluation's summed NLL into bits per character (Ev
 
 import dataclasses
 import json
-import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +44,7 @@ def data_tokenizer(meta):
     """The Tokenizer that meta.json names (data/tokenizer.py), or None when it names none (hand-made data)."""
     if 'tokenizer' not in meta:
         return None
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from data.tokenizer import TokenizerError, from_meta
+    from data.tokenizer import TokenizerError, from_meta     # here: GPT-2's tiktoken only where data need it
     try:
         return from_meta(meta)
     except TokenizerError as e:
