@@ -32,7 +32,8 @@ squared errors summed over layers.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -70,8 +71,7 @@ class Config:
     recon_weight: float = 1.0  # loss = LM loss + recon_weight * reconstruction loss
 
     def __post_init__(self):
-        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len',
-                     'compression_rate'):
+        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len', 'compression_rate'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ('mem_len', 'clamp_len', 'cmem_len'):
@@ -82,10 +82,9 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.n_embd % 2:
             raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {self.compression!r}")
-        if self.recon_loss not in RECON_LOSSES:
-            raise ValueError(f"recon_loss must be one of {', '.join(RECON_LOSSES)}, got {self.recon_loss!r}")
+        for name, choices in (('compression', COMPRESSIONS), ('recon_loss', RECON_LOSSES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if not self.recon_weight >= 0.0:
             raise ValueError(f"recon_weight must be >= 0, got {self.recon_weight}")
         if self.cmem_len > 0 and self.mem_len == 0:
@@ -115,6 +114,13 @@ class Usage(NamedTuple):
     queries: torch.Tensor  # (B, K)
 
 
+class Compressed(NamedTuple):
+    """Line 9 of one segment, every layer: what the reconstruction losses compare."""
+    old_mem: torch.Tensor  # (L, B, G, c, C) the evicted states in groups of c, under stop-gradient
+    n_new: torch.Tensor    # (B,) how many groups are real: the last n_new of the G (the rest is padding)
+    new_cm: torch.Tensor   # (L, B, G, C) f_c(old_mem), with f_c's graph
+
+
 @dataclass
 class OpenSegment:
     """generate()'s segment from its first token until decode() closes it and it becomes the memory (forward()
@@ -122,7 +128,7 @@ class OpenSegment:
     key_valid: torch.Tensor  # (B, S + t) bool over [concat(cm, m) ; tokens], S = cmem_len + mem_len
     kv: list                 # (k, v) each (B, H, S + t, D): the cached keys and values of [concat(cm, m) ; tokens]
     hids: list               # pieces (B, t_i, C) of the layer's inputs h: its memory to be
-    usage: Usage             # the attention the keys received so far (most_used), over S + seg_len keys
+    usage: Usage             # the attention the keys received so far, over S + seg_len keys (most_used, else None)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -216,8 +222,6 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
     return idx
 
 
-
-
 # -----------------------------------------------------------------------------------------------------------
 # Compression functions f_c (§3.2)
 
@@ -279,10 +283,20 @@ class Compression(nn.Module):
         out = candidates.new_zeros(B, G + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), candidates)
         return out[:, :G]
 
+    def macs_per_slot(self):
+        """Multiply-adds of one compressed slot, forward and backward (flops_per_token): level l of dilated_conv has
+        width + 1 - 2^(l+1) outputs; backward, each level's input but the first (old_mem is SG) gets a gradient too."""
+        if self.kind == 'conv':
+            return self.conv.weight.numel(), self.conv.weight.numel()
+        if self.kind == 'dilated_conv':
+            level = [conv.weight.numel() * (self.width + 1 - 2 ** (l + 1)) for l, conv in enumerate(self.convs)]
+            return sum(level), sum(level) + sum(level[1:])
+        return 0, 0                                               # pooling and most_used multiply nothing
+
 
 # -----------------------------------------------------------------------------------------------------------
 # The memory update: Algorithm 1, lines 8-11, as small pure functions on fixed-shape tensors. Every memory is
-# right-aligned with a valid-slot count per row; Model._update_memory runs them for all layers at once.
+# right-aligned with a valid-slot count per row; update_memory runs them for all layers at once.
 #
 # Worked example: n_s = seg_len = 4, n_m = mem_len = 8, n_cm = cmem_len = 4, c = compression_rate = 2; one row
 # of one layer; "k" is the state of token k, "_" an empty slot, f(a,b) the slot f_c makes of states a and b.
@@ -306,6 +320,12 @@ def right_aligned(n_slots, length):
     return torch.arange(n_slots, device=length.device)[None, :] >= (n_slots - length)[:, None]
 
 
+def memory_valid(memory):
+    """(B, S) bool: the valid slots of concat(cm, m), S = cmem_len + mem_len (contiguous: see Memory)."""
+    return torch.cat([right_aligned(memory.cmem.size(2), memory.cmem_length),
+                      right_aligned(memory.mem.size(2), memory.mem_length)], dim=1)
+
+
 def push_fifo(slots, new):
     """concat(slots, new)[-n:] with n = slots.size(2) (lines 10 and 11), and the new.size(2) oldest slots, which
     fall out (line 8: old_mem = m_t[:n_s]). slots (L, B, n, ...), new (L, B, T, ...): states or per-slot values."""
@@ -317,7 +337,7 @@ def push_fifo(slots, new):
 def group_evicted(old_mem, n_old, rate):
     """Line 9's input: the T slots that fell out of m, (L, B, T, ...) of which the last n_old (B,) are states,
     as groups of c consecutive slots (L, B, T // c, c, ...), and how many groups (the last ones) are real (B,).
-    With T and n_old multiples of c that is every evicted state; else the oldest n_old mod c are forgotten."""
+    The oldest n_old mod c states are forgotten (none when T and n_old are multiples of c)."""
     L, B, T = old_mem.shape[:3]
     G = T // rate
     return old_mem[:, :, T - G * rate:].reshape(L, B, G, rate, *old_mem.shape[3:]), n_old // rate
@@ -336,11 +356,44 @@ def accumulate_usage(attn_mass, attn_queries, usage, cmem_len):
     running mass and query count of m's slots, and push them through the FIFO as the states are. Returns the
     new attn_mass (L, B, n_m), attn_queries (B, n_m) and the average usage of the T slots that fell out (L, B, T)."""
     n_m = attn_mass.size(2)
-    mass, old_mass = push_fifo(attn_mass + usage.mass[:, :, cmem_len:cmem_len + n_m],
-                               usage.mass[:, :, cmem_len + n_m:])
-    seen, old_seen = push_fifo((attn_queries + usage.queries[:, cmem_len:cmem_len + n_m])[None],
-                               usage.queries[None, :, cmem_len + n_m:])
+    mass, seen = usage.mass[:, :, cmem_len:], usage.queries[None, :, cmem_len:]      # of the keys [m ; h]
+    mass, old_mass = push_fifo(attn_mass + mass[:, :, :n_m], mass[:, :, n_m:])
+    seen, old_seen = push_fifo(attn_queries[None] + seen[:, :, :n_m], seen[:, :, n_m:])
     return mass.contiguous(), seen[0].contiguous(), old_mass / old_seen.clamp(min=1)
+
+
+def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
+    """Algorithm 1, lines 8-11, for every layer at once, with the functions above. hids (L, B, T, C): this segment's
+    layer inputs h; usage: the attention its keys received (most_used, else None); layers: their f_c; keep_graph:
+    new_cm keeps f_c's graph (recon_loss='none' in training: f_c learns through time, see Model.forward).
+    Returns the new Memory and, for the reconstruction losses, what line 9 did (None when cmem_len = 0)."""
+    T, n_cm = hids.size(2), memory.cmem.size(2)
+    mem, old_mem = push_fifo(memory.mem, hids.detach().to(memory.mem.dtype))   # lines 10 and 8, SG(h)
+    mem_length = (memory.mem_length + T).clamp(max=memory.mem.size(2))
+    n_old = memory.mem_length + T - mem_length                    # states that fell out of m (B,), right-aligned
+    if n_cm == 0:                                                 # Transformer-XL: they are forgotten
+        return replace(memory, mem=mem.contiguous(), mem_length=mem_length), None
+    attn_mass, attn_queries, old_usage = memory.attn_mass, memory.attn_queries, None
+    if usage is not None:
+        attn_mass, attn_queries, old_usage = accumulate_usage(attn_mass, attn_queries, usage, n_cm)
+        old_usage = group_evicted(old_usage, n_old, rate)[0].flatten(2)                   # (L, B, G*c)
+    groups, n_new = group_evicted(old_mem, n_old, rate)          # (L, B, G, c, C), n_new (B,) real groups
+    new_cm = compress(layers, groups, n_new, old_usage)          # line 9, (L, B, G, C)
+    cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())          # line 11
+    cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
+    return (Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length, attn_mass, attn_queries),
+            Compressed(groups, n_new, new_cm))
+
+
+def open_segment(memory, layers, seg_len, need_usage):
+    """generate()'s segment, opening on memory: the keys and values of concat(cm, m) per layer (line 5), no token
+    yet, and, for most_used, zero usage of the S + seg_len keys it will have."""
+    mem = torch.cat([memory.cmem, memory.mem], dim=2)             # (L, B, S, C) concat(cm, m)
+    L, B, S, _ = mem.shape
+    K = S + seg_len
+    usage = Usage(memory.attn_mass.new_zeros(L, B, K), memory.attn_queries.new_zeros(B, K)) if need_usage else None
+    return OpenSegment(key_valid=memory_valid(memory), kv=[layer.attn.keys_values(m) for layer, m in zip(layers, mem)],
+                       hids=[[] for _ in layers], usage=usage)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -364,11 +417,10 @@ def rel_shift(x):
 
 
 # Copied from model_xl.py (RelMultiHeadAttn) with forward(..., attn_mask) -> forward(..., attn_mask, need_usage),
-# which also returns the attention mass each key received (most_used; manual path), and content_attention added
+# which also returns the queries (Algorithm 2 reuses them) and the attention mass each key received (most_used;
+# manual path), and keys_values_sg added
 class RelMultiHeadAttn(nn.Module):
-    """Multi-head attention with Transformer-XL relative positions (§3.3 of Dai et al.), its residual and
-    LayerNorm: model_xl.py's, plus the attention mass each key receives (for most_used) and Algorithm 2's
-    content attention."""
+    """model_xl.py's attention with relative positions (§3.3 of Dai et al.) plus what Algorithm 2 and most_used need."""
 
     # Copied from model_xl.py (RelMultiHeadAttn.__init__)
     def __init__(self, config):
@@ -398,16 +450,22 @@ class RelMultiHeadAttn(nn.Module):
         k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
         return k, v
 
+    def keys_values_sg(self, m):
+        """keys_values(m) with every weight under stop-gradient (Algorithm 2, line 5): only m's maker learns."""
+        B, S, C = m.shape
+        if self.pre_lnorm:
+            ln = self.layer_norm
+            m = F.layer_norm(m, (C,), ln.weight.detach(), ln.bias.detach(), ln.eps)
+        kv = F.linear(m, self.kv_net.weight.detach()).view(B, S, 2, self.n_head, self.d_head)
+        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
+        return k, v
+
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
-        """
-        h:        (B, T, C)     this segment's layer input
-        mem_kv:   (k, v), each (B, H, S, D): keys and values of the S earlier positions ([cm ; m], line 5)
-        r:        (K, C)        sinusoid R for distances K-1, ..., 0 (K = S + T)
-        r_w_bias, r_r_bias: (H, D)  u and v
-        attn_mask: (B, 1, T, K) bool, True where query i may attend key j
-        need_usage: also return the attention mass each key received (manual path; for most_used)
-        returns the layer's output (B, T, C), the keys and values of all K positions, and the usage (B, K) or None
-        """
+        """h (B, T, C): this segment's layer input; mem_kv: keys and values (B, H, S, D) of the S earlier positions
+        ([cm ; m], line 5); r (K, C): R for distances K-1, ..., 0 (K = S + T); r_w_bias, r_r_bias (H, D): u and v;
+        attn_mask (B, 1, T, K): True where query i may attend key j; need_usage: also the attention mass each key
+        received (manual path, for most_used). Returns the layer's output (B, T, C), the keys and values (B, H, K, D)
+        of all K positions, the queries (B, H, T, D) and the usage (B, K) or None."""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -441,30 +499,11 @@ class RelMultiHeadAttn(nn.Module):
 
         attn_out = self.drop(self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
-        return out, (k, v), usage
-
-    def content_attention(self, h, m, m_valid):
-        """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions,
-        every weight under stop-gradient (line 5), so only whatever produced m can learn from it.
-        h: (B, T, C) queries' states; m: (B, S, C) memories; m_valid: (B, S) bool. -> (B, H, T, D)"""
-        B, T, C = h.shape
-        S = m.size(1)
-        H, D = self.n_head, self.d_head
-        if self.pre_lnorm:
-            ln = self.layer_norm
-            h = F.layer_norm(h, (C,), ln.weight.detach(), ln.bias.detach(), ln.eps)
-            m = F.layer_norm(m, (C,), ln.weight.detach(), ln.bias.detach(), ln.eps)
-        q = F.linear(h, self.q_net.weight.detach()).view(B, T, H, D).transpose(1, 2)      # (B, H, T, D)
-        kv = F.linear(m, self.kv_net.weight.detach()).view(B, S, 2, H, D)
-        k, v = kv.permute(2, 0, 3, 1, 4)                                                   # each (B, H, S, D)
-        score = torch.einsum('bhid,bhjd->bhij', q, k) * self.scale                         # (B, H, T, S)
-        m_valid = m_valid | ~m_valid.any(1, keepdim=True)        # a row with nothing to compress: no NaN (unused)
-        score = score.masked_fill(~m_valid[:, None, None, :], float('-inf'))
-        return torch.einsum('bhij,bhjd->bhid', F.softmax(score.float(), dim=-1).to(v.dtype), v)
+        return out, (k, v), q, usage
 
 
 # Copied from model_xl.py (Block) with f_c (compress) and g (decoder, autoencoding only) added per layer, and
-# need_usage passed through to the attention
+# need_usage passed through to the attention, whose queries and usage it returns
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -476,36 +515,69 @@ class Block(nn.Module):
                 self.decoder = nn.Linear(config.n_embd, config.compression_rate * config.n_embd)
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
-        h, kv, usage = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage)
-        return self.ff(h), kv, usage
+        h, kv, q, usage = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage)
+        return self.ff(h), kv, q, usage
 
 
 # -----------------------------------------------------------------------------------------------------------
 # The auxiliary compression losses (§3.2)
 
 
-def reconstruction_loss(kind, layers, hids, groups, new_cm, n_new):
-    """f_c's local loss, summed over layers (Algorithm 2, line 8) and averaged over the rows that compressed
-    something in this segment. hids (L, B, T, C): the layers' inputs h; groups (L, B, G, c, C): old_mem, under
-    stop-gradient (line 4); new_cm (L, B, G, C) carries the graph of f_c, which is all this loss trains.
-      attention     Algorithm 2: ‖attn(h, old_mem) − attn(h, new_cm)‖², h under stop-gradient (line 3)
+def content_attention(q, k, v, key_valid, scale):
+    """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions, from
+    the queries q = hQ (B, H, T, D) and the keys mK and values mV (B, H, S, D), key_valid (B, S). -> (B, H, T, D)"""
+    score = torch.einsum('bhid,bhjd->bhij', q, k) * scale                              # (B, H, T, S)
+    key_valid = key_valid | ~key_valid.any(1, keepdim=True)      # a row with nothing to compress: no NaN (unused)
+    score = score.masked_fill(~key_valid[:, None, None, :], float('-inf'))
+    return torch.einsum('bhij,bhjd->bhid', F.softmax(score.float(), dim=-1).to(v.dtype), v)
+
+
+def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
+    """f_c's local loss (§3.2), summed over layers (Algorithm 2, line 8) and averaged over the rows that compressed
+    something in this segment; only f_c learns from it. compressed: line 9 of this segment; qkv: per layer, the
+    queries (B, H, T, D) and the keys and values (B, H, n_cm + n_m + T, D) of [cm ; m ; h] of its forward.
+      attention     Algorithm 2: ‖attn(h, old_mem) − attn(h, new_cm)‖²
       autoencoding  ‖old_mem − g(new_cm)‖², g the layer's decoder"""
-    L, B, G, rate, C = groups.shape
+    old_mem, n_new, new_cm = compressed
+    L, B, G, rate, C = old_mem.shape
     real = right_aligned(G, n_new)                                # (B, G) real groups
     rows = (n_new > 0).float()
     total = 0.0
     for n, layer in enumerate(layers):
         if kind == 'attention':
-            h = hids[n].detach()
-            target = layer.attn.content_attention(h, groups[n].reshape(B, G * rate, C),
-                                                  real.repeat_interleave(rate, dim=1))
-            error = (target - layer.attn.content_attention(h, new_cm[n], real)).float().pow(2).mean((1, 2, 3))
+            # the forward's projections, detached, are SG(h)SG(Q), SG(old_mem)SG(K), SG(old_mem)SG(V) (lines 3-5):
+            # old_mem, the first T of [m ; h] (line 8), has keys n_cm ... n_cm+T, of which the last n_new·c are real
+            q, k, v = (x.detach() for x in qkv[n])
+            T = q.size(2)
+            old = slice(n_cm, n_cm + T)
+            target = content_attention(q, k[:, :, old], v[:, :, old], right_aligned(T, n_new * rate), layer.attn.scale)
+            prediction = content_attention(q, *layer.attn.keys_values_sg(new_cm[n]), real, layer.attn.scale)
+            error = (target - prediction).float().pow(2).mean((1, 2, 3))
         else:
             decoded = layer.decoder(new_cm[n]).view(B, G, rate, C)
-            error = ((groups[n] - decoded).float().pow(2) * real[:, :, None, None]).sum((1, 2, 3))
+            error = ((old_mem[n] - decoded).float().pow(2) * real[:, :, None, None]).sum((1, 2, 3))
             error = error / (n_new * rate * C).clamp(min=1)
         total = total + (error * rows).sum() / rows.sum().clamp(min=1)
     return total
+
+
+def compression_flops(config, f_c):
+    """Training FLOPs of f_c and its loss per layer and segment (Model.flops_per_token), 2 a multiply-add (norms,
+    softmax, pooling not counted), with a full memory: the T = seg_len evicted states make G = T/c slots. Gradients
+    flow to f_c only where it has weights and a local loss (recon_loss='none' trains it through time, which needs
+    train.py's --bptt_segments > 1: not counted)."""
+    T, C, HD, c = config.seg_len, config.n_embd, config.n_head * config.d_head, config.compression_rate
+    G = T // c
+    forward, backward = f_c.macs_per_slot()             # (0, 0) for pooling and most_used: nothing to learn
+    grad = 2 if backward > 0 and config.recon_loss != 'none' else 0   # FLOPs a multiply-add of a gradient to f_c
+    flops = G * (2 * forward + grad * backward)         # f_c
+    if config.recon_loss == 'autoencoding':
+        flops += (2 + 2 + grad) * G * c * C * C         # g: forward, weight gradient, gradient to new_cm
+    elif config.recon_loss == 'attention':              # Algorithm 2, the T queries' content attention:
+        flops += 2 * 2 * T * T * HD                     # over old_mem (T keys), q·k and p·v: forward only (all SG)
+        flops += (2 + grad) * 2 * G * C * HD            # new_cm's keys and values (weights SG): gradient to new_cm
+        flops += (2 * 2 + 3 * grad) * T * G * HD        # over new_cm: q·k, p·v; backward dp, dk, dv (q is SG)
+    return flops
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -531,8 +603,7 @@ class Model(nn.Module):
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
 
-    # Copied from model_xl.py (Model._init_weights) with nn.Linear->(nn.Linear, nn.Conv1d): f_c's convolutions are
-    # initialised like the linear layers
+    # Copied from model_xl.py (Model._init_weights) with nn.Linear->(nn.Linear, nn.Conv1d): f_c's convolutions too
     def _init_weights(self, module):
         # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
         # LayerNorm gains N(1, init_std).
@@ -550,12 +621,10 @@ class Model(nn.Module):
     # --- memory -------------------------------------------------------------------------------------------
 
     def init_memory(self, batch_size, device, mem_len=None):
-        """Empty memory for batch_size fresh streams (Algorithm 1, lines 1-2). mem_len overrides config.mem_len
-        (n_m, e.g. a longer one at eval); the compressed memory keeps cmem_len slots."""
+        """Empty memory for batch_size fresh streams (Algorithm 1, lines 1-2); mem_len overrides n_m, not n_cm."""
         L, B, C, n_cm = self.config.n_layer, batch_size, self.config.n_embd, self.config.cmem_len
         n_m = self.config.mem_len if mem_len is None else mem_len
-        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
-        zeros = lambda *shape, dtype=dtype: torch.zeros(*shape, device=device, dtype=dtype)   # noqa: E731
+        zeros = partial(torch.zeros, device=device, dtype=self.word_emb.weight.dtype)   # float32 under autocast
         return Memory(cmem=zeros(L, B, n_cm, C), cmem_length=zeros(B, dtype=torch.long), mem=zeros(L, B, n_m, C),
                       mem_length=zeros(B, dtype=torch.long), attn_mass=zeros(L, B, n_m), attn_queries=zeros(B, n_m))
 
@@ -565,39 +634,6 @@ class Model(nn.Module):
         return Memory(cmem=memory.cmem * keep[None, :, None, None], cmem_length=memory.cmem_length * ~mask,
                       mem=memory.mem * keep[None, :, None, None], mem_length=memory.mem_length * ~mask,
                       attn_mass=memory.attn_mass * keep[None, :, None], attn_queries=memory.attn_queries * keep[:, None])
-
-    @staticmethod
-    def _memory_valid(memory):
-        """(B, S) bool: the valid slots of concat(cm, m), S = cmem_len + mem_len (contiguous: see Memory)."""
-        return torch.cat([right_aligned(memory.cmem.size(2), memory.cmem_length),
-                          right_aligned(memory.mem.size(2), memory.mem_length)], dim=1)
-
-    def _update_memory(self, memory, hids, usage, recon):
-        """Algorithm 1, lines 8-11, for every layer at once, with the functions above (worked example there).
-        hids (L, B, T, C): this segment's layer inputs h; usage: the attention its keys received (most_used,
-        else None); recon: compute the reconstruction loss. Returns the new Memory and that loss (or None)."""
-        config, rate = self.config, self.config.compression_rate
-        T = hids.size(2)
-        mem, old_mem = push_fifo(memory.mem, hids.detach().to(memory.mem.dtype))   # lines 10 and 8, SG(h)
-        mem_length = (memory.mem_length + T).clamp(max=memory.mem.size(2))
-        n_old = memory.mem_length + T - mem_length                # states that fell out of m (B,), right-aligned
-        if config.cmem_len == 0:                                  # Transformer-XL: they are forgotten
-            return Memory(memory.cmem, memory.cmem_length, mem.contiguous(), mem_length, memory.attn_mass,
-                          memory.attn_queries), None
-        attn_mass, attn_queries, old_usage = memory.attn_mass, memory.attn_queries, None
-        if usage is not None:
-            attn_mass, attn_queries, old_usage = accumulate_usage(attn_mass, attn_queries, usage, config.cmem_len)
-            old_usage = group_evicted(old_usage, n_old, rate)[0].flatten(2)               # (L, B, G*c)
-        groups, n_new = group_evicted(old_mem, n_old, rate)      # (L, B, G, c, C), n_new (B,) real groups
-        new_cm = compress(self.layers, groups, n_new, old_usage)  # line 9, (L, B, G, C)
-        recon_loss = None
-        if recon and config.recon_loss != 'none':
-            recon_loss = reconstruction_loss(config.recon_loss, self.layers, hids, groups, new_cm, n_new)
-        keep_graph = config.recon_loss == 'none' and self.training   # f_c learns by BPTT (forward)
-        cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())      # line 11
-        cmem_length = (memory.cmem_length + n_new).clamp(max=config.cmem_len)
-        return Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length, attn_mass,
-                      attn_queries), recon_loss
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) ----------------------------------
 
@@ -632,41 +668,42 @@ class Model(nn.Module):
     # --- forward ------------------------------------------------------------------------------------------
 
     def forward(self, idx, memory, targets=None):
-        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux);
-        loss = LM loss + recon_weight * reconstruction loss, aux: 'lm_loss' and 'recon_loss'."""
+        """idx: (B, T) tokens, T <= seg_len. -> logits, LM loss + recon_weight * reconstruction loss, new_memory, aux"""
+        config = self.config
         B, T = idx.shape
-        if T > self.config.seg_len:
-            raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
+        if T > config.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={config.seg_len}")
         mem = torch.cat([memory.cmem, memory.mem], dim=2)         # (L, B, S, C) concat(cm, m), line 5
         S = mem.size(2)
-        key_valid = torch.cat([self._memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)  # (B, S+T)
+        key_valid = torch.cat([memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)  # (B, S+T)
         attn_mask = self._attn_mask(key_valid, T, S)              # (B, 1, T, S+T); window cmem_len + mem_len
         r = self._relative_positions(S + T, idx.device)           # (S+T, C)
-        need_usage = self.config.cmem_len > 0 and self.config.compression == 'most_used'
+        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
 
         h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^(1) (line 3)
-        hids, usage = [], []
+        hids, qkv, usage = [], [], []
         for n, layer in enumerate(self.layers):                   # line 4
             hids.append(h)                                        # layer n's input: its memory to be
             mem_kv = layer.attn.keys_values(mem[n])               # (B, H, S, D) x2, keys/values of concat(cm, m)
-            h, _, layer_usage = layer(h, mem_kv, r, *self._u_v(n), attn_mask, need_usage)   # lines 6-7, 12
+            h, (k, v), q, layer_usage = layer(h, mem_kv, r, *self._u_v(n), attn_mask, need_usage)   # lines 6-7, 12
+            qkv.append((q, k, v))                                 # Algorithm 2 reuses them
             usage.append(layer_usage)
-        h = self.drop(self.ln_f(h))
-        logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer
+        logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)   # (B, T, V), tied output layer
 
         usage = Usage(torch.stack(usage), attn_mask.sum((1, 2)).to(memory.attn_queries.dtype)) if need_usage else None
-        new_memory, recon_loss = self._update_memory(memory, torch.stack(hids), usage, recon=targets is not None)
+        new_memory, compressed = update_memory(memory, torch.stack(hids), usage, self.layers, config.compression_rate,
+                                               keep_graph=config.recon_loss == 'none' and self.training)   # BPTT f_c
         loss, aux = None, {}
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             aux['lm_loss'] = loss.detach()
-            if recon_loss is not None:
+            if compressed is not None and config.recon_loss != 'none':
+                recon_loss = reconstruction_loss(config.recon_loss, self.layers, compressed, qkv, config.cmem_len)
                 aux['recon_loss'] = recon_loss.detach()
-                loss = loss + self.config.recon_weight * recon_loss
-            elif self.training and self.config.cmem_len > 0:
-                # recon_loss='none': the LM loss trains f_c through time (§3.2; Table 5's "BPTT" row): new_cm keeps
-                # f_c's graph for the later segments of train.py's --bptt_segments window. None may reach it (a
-                # window of 1, a filling memory) and DDP waits for every gradient: f_c joins with weight 0.
+                loss = loss + config.recon_weight * recon_loss
+            elif compressed is not None and self.training:
+                # recon_loss='none': only the LM loss trains f_c, through time (§3.2, Table 5's "BPTT"; keep_graph).
+                # Where none reaches it (--bptt_segments=1, a filling memory) DDP still waits: f_c joins with weight 0.
                 loss = loss + 0.0 * sum(p.sum() for layer in self.layers for p in layer.compress.parameters())
         return logits, loss, new_memory, aux
 
@@ -677,26 +714,28 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs per token (MFU), as model_xl.py's with cmem_len + mem_len memory keys; f_c's weights count
-        once per token (about one compression input per token), the reconstruction loss not at all."""
-        config = self.config
-        S = (config.mem_len if mem_len is None else mem_len) + config.cmem_len
-        T, K, HD = config.seg_len, S + config.seg_len, config.n_head * config.d_head
-        attention = 6 * 3 * config.n_layer * HD * K
-        per_segment = 6 * config.n_layer * (2 * S * config.n_embd * HD + K * config.n_embd * HD) / T
-        return 6 * self.num_params() + attention + per_segment
+        """Training FLOPs (forward + backward) per token, for MFU: model_xl.py's count with cmem_len + mem_len memory
+        keys, but f_c and g work once per compressed slot, not once per token: compression_flops counts them."""
+        c = self.config
+        S = (c.mem_len if mem_len is None else mem_len) + c.cmem_len
+        T, K, HD = c.seg_len, S + c.seg_len, c.n_head * c.d_head
+        f_c_and_g = sum(p.numel() for name, p in self.named_parameters() if '.compress.' in name or '.decoder.' in name)
+        weights = 6 * (self.num_params() - f_c_and_g)             # every other weight, once a token: 2 forward, 4 back
+        attention = 6 * 3 * c.n_layer * HD * K                    # (a)+(c), (b)+(d) and the values, over K keys
+        per_segment = 6 * c.n_layer * (2 * S * c.n_embd * HD + K * c.n_embd * HD) / T   # [cm ; m]'s k, v; W_{k,R} R
+        if c.cmem_len > 0:
+            per_segment += c.n_layer * compression_flops(c, self.layers[0].compress) / T
+        return weights + attention + per_segment
 
     # --- generation ---------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. Keys and
-        values are cached, and so are the open segment's layer inputs (and, for most_used, its usage): when decode()
-        closes the segment, _update_memory runs as in forward(). callback(tokens (B, 1)): after each sampled token."""
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional): what came before idx; callback as decode.
+        The open segment caches keys, values, layer inputs and usage; closing it runs update_memory, as forward()."""
         config = self.config
-        B = idx.size(0)
         if memory is None:
-            memory = self.init_memory(B, idx.device)
+            memory = self.init_memory(idx.size(0), idx.device)
         S = config.cmem_len + memory.mem.size(2)
         need_usage = config.cmem_len > 0 and config.compression == 'most_used'
         seg = None                                                      # the open segment, None until its first token
@@ -704,27 +743,23 @@ class Model(nn.Module):
         def step(tokens, closes_segment):
             nonlocal memory, seg
             if seg is None:                                             # a segment opens on the memory
-                mem = torch.cat([memory.cmem, memory.mem], dim=2)       # (L, B, S, C) concat(cm, m)
-                seg = OpenSegment(key_valid=self._memory_valid(memory),
-                                  kv=[layer.attn.keys_values(mem[n]) for n, layer in enumerate(self.layers)],
-                                  hids=[[] for _ in self.layers],
-                                  usage=Usage(memory.attn_mass.new_zeros(config.n_layer, B, S + config.seg_len),
-                                              memory.attn_queries.new_zeros(B, S + config.seg_len)))
+                seg = open_segment(memory, self.layers, config.seg_len, need_usage)
             T = tokens.size(1)
-            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(tokens.shape)], dim=1)
             K = seg.key_valid.size(1)
             attn_mask = self._attn_mask(seg.key_valid, T, S)
             r = self._relative_positions(K, tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
                 seg.hids[n].append(h)
-                h, seg.kv[n], layer_usage = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, need_usage)
+                h, seg.kv[n], _, layer_usage = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, need_usage)
                 if need_usage:
                     seg.usage.mass[n, :, :K] += layer_usage
-            seg.usage.queries[:, :K] += attn_mask.sum((1, 2))
+            if need_usage:
+                seg.usage.queries[:, :K] += attn_mask.sum((1, 2))
             if closes_segment:                                          # it becomes the memory, as in forward()
                 hids = torch.stack([torch.cat(pieces, dim=1) for pieces in seg.hids])   # (L, B, seg_len, C)
-                memory, _ = self._update_memory(memory, hids, seg.usage if need_usage else None, recon=False)
+                memory, _ = update_memory(memory, hids, seg.usage, self.layers, config.compression_rate)
                 seg = None
             return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)  # (B, V) logits of the last position
 

@@ -17,32 +17,27 @@ whose attention also reads a continuous long-term memory (LTM) of fixed size, ho
        step paid to each bin of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
   §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 18); a KL term pulls every
        attention density's σ² toward σ₀² (Eq. 20, added to the loss by Eq. 21, weight `kl_weight`).
-Equation and section numbers are the paper's (arXiv v3), counted over its display equations (seeds/000 holds a
-copy whose tags were lost) and checked against its own references: Eq. 2 (softmax attention), 5 (ridge
-regression), 6 (c = E_p[X̄(t)]), 14 (x_m = Bᵀψ(t_m/τ)) and 16 (the sticky histogram) land where the count puts
-them, which makes μ and σ² two equations (9, 10). Eqs. 20-21 are counted past the NLL objective, which that copy
-lost: not confirmed by a reference in the text.
-
-Reading order: Config → Memory → small blocks (copied between model files on purpose) → the basis functions and
-the ridge regression → sticky memories → the LTM's read-out (LongTermAttention) and write (LongTermMemory) →
-relative attention with the LTM → block → model (init, memory update, forward, generate).
+Equation numbers count the display equations of arXiv v3 (the copy in seeds/000 lost its tags); the text's own
+references confirm Eqs. 2, 5, 6, 14 and 16 (hence μ and σ² are two equations, 9 and 10), not Eqs. 20-21.
+"The authors' code" below is github.com/deep-spin/infinite-former: finetune_gpt2/src/transformers/models/gpt2/
+(long_term_attention.py, modeling_gpt2.py; the language-modelling runs) and sorting/ (a Transformer-XL).
 
 Deliberate deviations (also in the README):
   - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.
-  - The μ/σ² networks are affine maps (with bias, as the paper says "affine"; the authors' code has no bias).
-  - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge).
-  - The randomness of sticky memories is a counter-based hash of a per-row state kept in Memory (seeded from
-    torch.initial_seed(), i.e. train.py's --seed and the rank, and advanced at every write), not a torch.Generator:
-    forward() stays a pure function of (tokens, memory), so resume is bit-exact (the state is in the checkpoint),
-    evaluation does not depend on how much RNG training used, and generate() == forward() needs no RNG replay.
+  - The μ/σ² maps have a bias (the paper's "affine"; the authors' have none), and the KL pulls σ² alone (the paper's
+    μ₀ = μ_h; the authors' LM configs also pull μ toward -1): see LongTermAttention and LongTermMemory.kl.
+  - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge), with
+    a counter-based hash of a per-row state in Memory (seeded from torch.initial_seed(): train.py's --seed and the
+    rank), not a torch.Generator: forward() is a pure function of (tokens, memory), so resume is bit-exact,
+    evaluation does not depend on training's RNG use, and generate() == forward() needs no RNG replay.
   - State lives in fixed-shape tensors. The vectors that leave the STM wait in the same buffer (the authors'
     "augment" part of mems) and enter the LTM at the start of the next step, seg_len at a time, so every write
-    uses one precomputed G. With segments of seg_len (training) this is the authors' schedule exactly; with
-    shorter segments (eval_seg_len, generate) vectors wait until seg_len of them have left the STM.
+    uses one precomputed G: the authors' schedule with segments of seg_len; with shorter ones (eval_seg_len,
+    generate) vectors wait until seg_len of them have left the STM.
 
 Letters: B batch, T tokens of this call, C n_embd (the paper's e), H heads, D d_head, N n_basis, L seg_len,
 M n_samples, S slots of Memory.mem, K keys of the STM attention. The paper's coefficient matrix B is `ltm_B`,
-its STM length L_STM is `mem_len`, and its D histogram bins are `n_bins` (`sticky_bins`).
+its STM length L_STM is `mem_len`, and its D histogram bins are `sticky_bins`.
 """
 
 import math
@@ -79,20 +74,24 @@ class Config:
     ridge_lambda: float = 0.5        # λ of the ridge regression (Eq. 5); the authors use 0.5 (LM) and 1 (sorting)
     unbounded: bool = True           # §3.2: keep the old signal (False: each write replaces B, §3.1 alone)
     tau: float = 0.5                 # τ: the old signal is squeezed into [0, τ] (0.5 LM, 0.75 sorting)
-    n_samples: int = 150             # M: points at which the old signal is evaluated (Eq. 14)
+    n_samples: int = 150             # M: points at which the old signal is read (Eq. 14); the authors' code fixes
+                                     # 512 (long_term_attention.py:84) = their LM runs' N and L: here M = N = L
     sticky: bool = False             # §3.3 sticky memories: sample the M points from the last attention
     sticky_bins: int = 128           # bins of the attention histogram (the paper's D, Eq. 16)
     cnn_gate: bool = True            # §3.4, Eq. 18: X̃ = sigmoid(Conv1d_k3(X)) ⊙ X before the regression
     kl_weight: float = 1e-6          # λ_KL of Eq. 21 (1e-6 in the authors' runs); 0 = off
     sigma_0: float = 0.05            # σ₀ of the KL prior N(μ, σ₀²)
+    ltm_reset_len: int = 0           # > 0: an LTM holding this many vectors is emptied before its next write, as
+                                     # the authors' LM code (mem_threshold = 2048, long_term_attention.py:81,
+                                     # 293-297; the paper's "memory threshold", §4.2); 0: only reset_memory does
 
     def __post_init__(self):
         for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len', 'n_samples',
                      'sticky_bins'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ('mem_len', 'clamp_len'):
-            if getattr(self, name) < 0:
+        for name in ('mem_len', 'clamp_len', 'ltm_reset_len', 'kl_weight'):
+            if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ('dropout', 'dropatt'):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -114,8 +113,6 @@ class Config:
         for name in ('ridge_lambda', 'sigma_0'):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not self.kl_weight >= 0:
-            raise ValueError(f"kl_weight must be >= 0, got {self.kl_weight}")
 
 
 @dataclass
@@ -128,7 +125,7 @@ class Memory:
     length: torch.Tensor       # (B,) int64, how many of the S slots (the most recent ones) are valid
     ltm_pending: torch.Tensor  # (B,) int64, how many vectors that left the STM wait for the LTM
     ltm_B: torch.Tensor        # (n_layer, B, n_basis, n_embd) the coefficient matrix of the LTM signal (Eq. 5)
-    ltm_written: torch.Tensor  # (B,) int64, 1 once something was written to the row's LTM (0: its term is masked)
+    ltm_written: torch.Tensor  # (B,) int64, vectors written to the LTM since it was last empty (0: term masked)
     ltm_hist: torch.Tensor     # (n_layer, B, sticky_bins) last step's attention histogram over [0, 1] (Eq. 16)
     ltm_rng: torch.Tensor      # (B,) int64, the state of the sticky memories' random numbers
 
@@ -224,13 +221,7 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
     return idx
 
 
-# -----------------------------------------------------------------------------------------------------------
 # The continuous signal (§2.2, §3.1): Gaussian basis functions, ridge regression, and E_p[ψ] for the read-out
-
-
-def at_least_float32(x):
-    """x in float32, or as it is when it is float64 (the densities and the regression are not done in bf16)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def gaussian_basis(n_basis, widths):
@@ -291,11 +282,6 @@ def attention_histogram(mu, sigma_sq, n_bins):
     return (cdf[..., 1:] - cdf[..., :-1]).sum(dim=(1, 2))                               # (B, n_bins)
 
 
-def normalized(hist):
-    """p(d_j) of Eq. 16: the histogram (B, n_bins) divided by its sum."""
-    return hist / hist.sum(-1, keepdim=True)
-
-
 RNG_PRIME = 2 ** 31 - 1
 
 
@@ -321,7 +307,7 @@ def sample_sticky_points(hist, uniforms):
     uniform in uniforms (B, count): inverse-CDF sampling of the sorted uniforms, so a bin is picked with probability
     hist_j / Σ hist, the point is uniform inside it, and the points come out sorted. -> (B, count)"""
     B, n_bins = hist.shape
-    p = normalized(hist)                                                    # (B, n_bins)
+    p = hist / hist.sum(-1, keepdim=True)                                  # (B, n_bins) p(d_j), Eq. 16
     cdf = torch.cat([p.new_zeros(B, 1), p.cumsum(-1)], dim=-1)              # (B, n_bins+1)
     u = uniforms.to(hist.dtype).sort(dim=-1).values * cdf[:, -1:]
     j = torch.searchsorted(cdf[:, 1:].contiguous(), u, right=True).clamp(max=n_bins - 1)   # (B, count) bin index
@@ -338,6 +324,7 @@ class LTMWrite(NamedTuple):
     """Which rows write to their LTM at the start of a step (§3.2) and what they write."""
     rows: torch.Tensor     # (B,) bool, the rows with at least seg_len vectors waiting
     slots: torch.Tensor    # (B, L) Memory.mem slots of each row's oldest L = seg_len waiting vectors
+    grow: torch.Tensor     # (B,) bool, the LTM keeps its old signal (it holds something and is not emptied, §3.2)
     written: torch.Tensor  # (B,) int64, Memory.ltm_written after this write
 
 
@@ -345,16 +332,9 @@ class LTMRead(NamedTuple):
     """What one layer's attention needs to read its LTM during a segment (§3.1)."""
     keys: torch.Tensor         # (B, H, N, D) ltm_B W^K (Eq. 8)
     values: torch.Tensor       # (B, H, N, D) ltm_B W^V (Eq. 8)
-    written: torch.Tensor      # (B,) int64, 0 until the row's LTM was written (then its term is masked)
+    written: torch.Tensor      # (B,) bool, the rows whose LTM holds something (the others' term is masked)
     basis_mu: torch.Tensor     # (N,) the centres μ_j of ψ
     basis_sigma: torch.Tensor  # (N,) the widths σ_j of ψ
-
-
-class LTMSegment(NamedTuple):
-    """The LTM side of a segment's start (LongTermMemory.begin_segment)."""
-    ltm_B: list        # n_layer (B, N, C): each layer's LTM after this step's write (§3.2)
-    read: list         # n_layer LTMRead (None when the LTM is off)
-    write: LTMWrite    # the rows that wrote, and the written flags after it
 
 
 class LongTermAttention(nn.Module):
@@ -366,9 +346,12 @@ class LongTermAttention(nn.Module):
         self.n_head, self.d_head = H, D
         self.key_net = nn.Linear(C, H * D, bias=False)     # W^K (Eq. 8)
         self.value_net = nn.Linear(C, H * D, bias=False)   # W^V (Eq. 8)
+        # The paper's "affine" maps of Eqs. 9-10, with a bias; the authors' are Linear(N, 1, bias=False)
+        # (long_term_attention.py:117-118). Both start as N(0, 0.02) weights (theirs by GPT-2's init), our bias at 0.
         self.mu_affine = nn.Linear(N, 1)                   # μ = sigmoid(affine(keys q / √d))    (Eq. 9)
         self.sigma_affine = nn.Linear(N, 1)                # σ² = softplus(affine(keys q / √d))  (Eq. 10)
         self.o_net = nn.Linear(H * D, C, bias=False)       # W^O (§3.1, after Eq. 11)
+        # the gate (the authors' mask_net) keeps PyTorch's default Conv1d init, as theirs (Model._init_weights skips it)
         self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
         self.scale = 1.0 / math.sqrt(D)
 
@@ -389,8 +372,10 @@ class LongTermAttention(nn.Module):
         """q: (B, H, T, D) the layer's own queries; read: LTMRead. Returns Z_LTM (B, T, C) and μ, σ² (B, H, T)."""
         B, H, T, D = q.shape
         scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
-        mu = at_least_float32(torch.sigmoid(self.mu_affine(scores)).squeeze(-1))   # (B, H, T)     Eq. 9
-        sigma_sq = at_least_float32(F.softplus(self.sigma_affine(scores)).squeeze(-1)).clamp(min=1e-4)   # Eq. 10
+        f32 = torch.promote_types(scores.dtype, torch.float32)                     # the densities: not in bf16
+        mu = torch.sigmoid(self.mu_affine(scores)).squeeze(-1).to(f32)              # (B, H, T)     Eq. 9
+        # σ² ≥ 1e-4, as the authors' LM code (long_term_attention.py:332; their sorting code clamps at 1e-6)
+        sigma_sq = F.softplus(self.sigma_affine(scores)).squeeze(-1).to(f32).clamp(min=1e-4)   # Eq. 10
         expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
         z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
         return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O
@@ -398,9 +383,9 @@ class LongTermAttention(nn.Module):
 
 class LongTermMemory(nn.Module):
     """The LTM's fixed parts and its write, for every layer: the basis ψ, the ridge regression matrices G (Eq. 5),
-    the unbounded-memory update (§3.2) with linearly spaced or sticky (§3.3) samples of the old signal, and the KL
-    regulariser (§3.4). No parameters: each layer's CNN gate and read-out weights live in its LongTermAttention.
-    The buffers are computed once in float64 and not saved (they follow the flags)."""
+    the unbounded-memory update (§3.2) with linearly spaced or sticky (§3.3) samples of the old signal, its state in
+    Memory (the ltm_* fields), and the KL regulariser (§3.4). No parameters: each layer's CNN gate and read-out
+    weights live in its LongTermAttention. The buffers are computed once in float64 and not saved."""
 
     def __init__(self, config):
         super().__init__()
@@ -408,70 +393,67 @@ class LongTermMemory(nn.Module):
         basis_mu, basis_sigma = gaussian_basis(config.n_basis, config.widths)
         t_first, t_unbounded = ridge_positions(config)
         t_linear = torch.arange(1, config.n_samples + 1, dtype=torch.float64) / config.n_samples
+        lam = config.ridge_lambda
         for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma),
-                            ('G_first', ridge_matrix(t_first, basis_mu, basis_sigma, config.ridge_lambda)),  # (L, N)
-                            ('G_unbounded', ridge_matrix(t_unbounded, basis_mu, basis_sigma,                # (M+L, N)
-                                                         config.ridge_lambda)),
-                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):   # ψ(m/M), (M, N)
+                            ('G_first', ridge_matrix(t_first, basis_mu, basis_sigma, lam)),           # (L, N)
+                            ('G_unbounded', ridge_matrix(t_unbounded, basis_mu, basis_sigma, lam)),   # (M+L, N)
+                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):         # ψ(m/M) (M, N)
             self.register_buffer(name, value.float(), persistent=False)
-
-    # --- its state in Memory (the ltm_* fields) -----------------------------------------------------------
 
     def empty_state(self, batch_size, device, dtype):
         """The ltm_* fields of an empty Memory."""
         c = self.config
         zeros = lambda *shape, dt=dtype: torch.zeros(*shape, device=device, dtype=dt)
-        return dict(ltm_pending=zeros(batch_size, dt=torch.long),
+        return dict(ltm_pending=zeros(batch_size, dt=torch.long), ltm_written=zeros(batch_size, dt=torch.long),
                     ltm_B=zeros(c.n_layer, batch_size, c.n_basis, c.n_embd),
-                    ltm_written=zeros(batch_size, dt=torch.long),
-                    ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins),
-                    ltm_rng=rng_seed(batch_size, device))
+                    ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins), ltm_rng=rng_seed(batch_size, device))
 
-    def reset_state(self, memory, mask):
-        """The ltm_* fields of memory with the rows where mask (B,) is True emptied."""
-        keep = ~mask
-        return dict(ltm_pending=memory.ltm_pending * keep,
-                    ltm_B=memory.ltm_B * keep[None, :, None, None].to(memory.ltm_B.dtype),
-                    ltm_written=memory.ltm_written * keep,
-                    ltm_hist=memory.ltm_hist * keep[None, :, None].to(memory.ltm_hist.dtype),
-                    ltm_rng=torch.where(mask, rng_seed(mask.size(0), mask.device), memory.ltm_rng))
-
-    def next_state(self, memory, ltm, hists, left):
-        """The ltm_* fields after a segment, detached (SG). ltm: the segment's LTMSegment; hists: n_layer (B, n_bins)
-        for the next write; left: (B,) how many valid vectors left the STM in the segment (they now wait)."""
-        wrote = ltm.write.rows.long()
-        return dict(ltm_pending=memory.ltm_pending - self.config.seg_len * wrote + left,
-                    ltm_B=torch.stack(ltm.ltm_B).to(memory.ltm_B.dtype).detach().contiguous(),
-                    ltm_written=ltm.write.written,
-                    ltm_hist=torch.stack(hists).to(memory.ltm_hist.dtype).detach().contiguous(),
+    def next_state(self, memory, start, densities, left):
+        """The ltm_* fields after a segment, detached (SG). start: the segment's SegmentStart (the LTM it wrote);
+        densities: n_layer lists of the segment's (μ, σ²), in the pieces generate() fed it; left: (B,) how many
+        valid vectors left the STM in the segment (they now wait)."""
+        c = self.config
+        hist = memory.ltm_hist
+        if c.ltm and c.sticky:                   # Eq. 16: p(d_j) ∝ the mass the segment's attention put in bin d_j
+            hist = torch.stack([sum(attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in pieces)
+                                for pieces in densities])                              # (n_layer, B, n_bins)
+            hist = hist / hist.sum(-1, keepdim=True)
+        wrote = start.write.rows.long()
+        return dict(ltm_pending=memory.ltm_pending - c.seg_len * wrote + left,
+                    ltm_B=torch.stack(start.ltm_B).to(memory.ltm_B.dtype).detach().contiguous(),
+                    ltm_written=start.write.written,
+                    ltm_hist=hist.to(memory.ltm_hist.dtype).detach().contiguous(),
                     ltm_rng=memory.ltm_rng + wrote)
 
-    # --- the write at the start of a step --------------------------------------------------------------------
-
-    def begin_segment(self, memory, attentions, dtype):
+    def begin_segment(self, memory, attentions):
         """This step's write (§3.2) for every layer, and what each layer's attention then reads. attentions: the
-        layers' LongTermAttention (for the gate and W^K, W^V); dtype: the model's. -> LTMSegment"""
+        layers' LongTermAttention (for the gate and W^K, W^V).
+        -> (n_layer ltm_B (B, N, C) after the write, n_layer LTMRead or None without the LTM, LTMWrite)"""
         due = self.due(memory)
         if not self.config.ltm:                        # the waiting vectors are dropped, the LTM stays as it was
-            return LTMSegment(list(memory.ltm_B), [None] * len(attentions), due._replace(written=memory.ltm_written))
+            return list(memory.ltm_B), [None] * len(attentions), due._replace(written=memory.ltm_written)
         ltm_B = [self.write(n, memory, due, attn.gated) for n, attn in enumerate(attentions)]
-        read = [LTMRead(*attn.keys_values(layer_B.to(dtype)), due.written, self.basis_mu, self.basis_sigma)
-                for attn, layer_B in zip(attentions, ltm_B)]
-        return LTMSegment(ltm_B, read, due)
+        read = [LTMRead(*attn.keys_values(layer_B.to(attn.key_net.weight.dtype)), due.written > 0, self.basis_mu,
+                        self.basis_sigma) for attn, layer_B in zip(attentions, ltm_B)]
+        return ltm_B, read, due
 
     def due(self, memory):
-        """The rows that write now (§3.2): those with at least L = seg_len vectors waiting. -> LTMWrite"""
-        L = self.config.seg_len
-        n_wait = 2 * L - 1                                                             # waiting slots
+        """The rows that write now (§3.2): those with at least L = seg_len vectors waiting. With ltm_reset_len, a row
+        whose LTM holds that many vectors is emptied first, as the authors' mem_threshold. -> LTMWrite"""
+        c = self.config
+        L, n_wait = c.seg_len, 2 * c.seg_len - 1                                       # n_wait waiting slots
         rows = memory.ltm_pending >= L
         slots = (n_wait - memory.ltm_pending).clamp(max=n_wait - L)[:, None] + torch.arange(L, device=rows.device)
-        return LTMWrite(rows, slots, torch.maximum(memory.ltm_written, rows.long()))
+        grow = memory.ltm_written > 0
+        if c.ltm_reset_len:
+            grow = grow & (memory.ltm_written < c.ltm_reset_len)
+        return LTMWrite(rows, slots, grow, torch.where(rows, memory.ltm_written * grow + L, memory.ltm_written))
 
     def write(self, n, memory, due, gated):
         """Layer n's LTM after the write: ltm_B of [old signal at M points ; the gated new vectors] (Eqs. 14-15, 5),
-        or of the gated new vectors alone when the row's LTM is empty or `unbounded` is off (Eq. 5); rows that do
-        not write keep their ltm_B. gated: the layer's CNN gate (Eq. 18). The gate's gradient flows through the new
-        ltm_B into this step's attention; the old ltm_B is detached. -> (B, N, C)"""
+        or of the gated new vectors alone when the row's LTM is empty (or emptied) or `unbounded` is off (Eq. 5);
+        rows that do not write keep their ltm_B. gated: the layer's CNN gate (Eq. 18). The gate's gradient flows
+        through the new ltm_B into this step's attention; the old ltm_B is detached. -> (B, N, C)"""
         c = self.config
         dtype = torch.promote_types(self.G_first.dtype, torch.float32)
         ltm_B = memory.ltm_B[n].to(dtype)                                              # (B, N, C)
@@ -482,7 +464,7 @@ class LongTermMemory(nn.Module):
             if c.unbounded:
                 X = torch.cat([self.past_samples(n, memory, ltm_B), x_new], dim=1)     # (B, M + L, C) Eq. 15
                 grown = torch.einsum('bmc,mn->bnc', X, self.G_unbounded)               # Eq. 5
-                new_ltm_B = torch.where(memory.ltm_written[:, None, None] > 0, grown, new_ltm_B)
+                new_ltm_B = torch.where(due.grow[:, None, None], grown, new_ltm_B)
         return torch.where(due.rows[:, None, None], new_ltm_B, ltm_B)                  # (B, N, C)
 
     def past_samples(self, n, memory, ltm_B):
@@ -498,14 +480,16 @@ class LongTermMemory(nn.Module):
             psi = self.psi_linear.expand(ltm_B.size(0), -1, -1)                        # (B, M, N) ψ(m/M)
         return psi @ ltm_B                                                             # x_m = Bᵀψ(t_m)
 
-    def kl(self, mu_sigmas, written):
-        """Eq. 20: mean over layers, heads and queries of KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1),
-        over the rows whose LTM holds something. mu_sigmas: n_layer (μ, σ²), each (B, H, T)."""
+    def kl(self, densities, written):
+        """Eq. 20: KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1), averaged over heads and queries and
+        summed over layers, as the authors' code (modeling_gpt2.py:870-874 sums the layers, trainer.py:1558 averages
+        the rest; the paper sums over positions and heads), over the rows whose LTM holds something.
+        densities: n_layer (μ, σ²), each (B, H, T). Only σ² is pulled, as the paper says (μ₀ = μ_h): the authors'
+        LM configs set mu_0 = -1, which long_term_attention.py:345-351 turns into an extra (μ − μ₀)²/σ₀² term."""
         s0 = self.config.sigma_0 ** 2
-        kl = torch.stack([0.5 * (s2 / s0 - torch.log(s2 / s0) - 1).mean(dim=(1, 2))
-                          for _, s2 in mu_sigmas])                                     # (n_layer, B)
-        w = written.to(kl.dtype)
-        return (kl.mean(0) * w).sum() / w.sum().clamp(min=1)
+        kl = sum(0.5 * (s2 / s0 - torch.log(s2 / s0) - 1).mean(dim=(1, 2)) for _, s2 in densities)   # (B,)
+        w = (written > 0).to(kl.dtype)
+        return (kl * w).sum() / w.sum().clamp(min=1)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -526,7 +510,6 @@ def rel_shift(x):
     x_padded = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1)    # (B, H, T, K+1)
     x_padded = x_padded.view(B, H, K + 1, T)
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
-
 
 # Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->RelMultiHeadAttnLTM, the LTM attention (ltm)
 # added, and forward(..., attn_mask) -> forward(..., attn_mask, ltm), which adds Z_LTM before the residual
@@ -563,7 +546,7 @@ class RelMultiHeadAttnLTM(nn.Module):
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
         """As model_xl.py's RelMultiHeadAttn; ltm: LTMRead, or None without an LTM. Returns the output, the
-        keys/values of all K positions, and the LTM densities μ, σ² (B, H, T) (None without an LTM)."""
+        keys/values of all K positions, and the LTM densities (μ, σ²) each (B, H, T) (None without an LTM)."""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -586,13 +569,14 @@ class RelMultiHeadAttnLTM(nn.Module):
             attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
         attn_out = self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D))   # Z_T (B, T, C)
 
-        mu = sigma_sq = None
-        if ltm is not None:                                       # masked until the row's LTM was written
+        density = None
+        if ltm is not None:                                       # masked until the row's LTM holds something
             z_ltm, mu, sigma_sq = self.ltm(q, ltm)
             attn_out = attn_out + z_ltm * ltm.written[:, None, None].to(z_ltm.dtype)   # Z = Z_T + Z_LTM (Eq. 12)
+            density = (mu, sigma_sq)
         attn_out = self.drop(attn_out)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
-        return out, (k, v), mu, sigma_sq
+        return out, (k, v), density
 
 
 # Copied from model_xl.py (Block) with RelMultiHeadAttn->RelMultiHeadAttnLTM and the LTM read (ltm) passed through
@@ -603,8 +587,8 @@ class Block(nn.Module):
         self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
-        h, kv, mu, sigma_sq = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm)
-        return self.ff(h), kv, mu, sigma_sq
+        h, kv, density = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm)
+        return self.ff(h), kv, density
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -615,7 +599,9 @@ class SegmentStart(NamedTuple):
     """What every position of a segment shares, computed once at its start (Model._begin_segment)."""
     stm_kv: list              # n_layer (k, v), each (B, H, mem_len, D): the STM's keys and values
     stm_valid: torch.Tensor   # (B, mem_len) bool, the STM slots that hold something
-    ltm: LTMSegment           # the LTM after this step's write, and what each layer reads of it
+    ltm_B: list               # n_layer (B, N, C): each layer's LTM after this step's write (§3.2)
+    ltm_read: list            # n_layer LTMRead: what each layer reads of it (None when the LTM is off)
+    write: LTMWrite           # the rows that wrote, and Memory.ltm_written after it
 
 
 @dataclass
@@ -626,7 +612,7 @@ class OpenSegment:
     key_valid: torch.Tensor  # (B, mem_len + t) bool over [STM ; tokens]
     kv: list                 # (k, v) each (B, H, mem_len + t, D): the cached keys and values of [STM ; tokens]
     hids: list               # pieces (B, t_i, C) of the layer's inputs: its STM to be
-    hists: list              # (B, sticky_bins) the attention histogram summed over the tokens so far (sticky)
+    densities: list          # pieces (μ, σ²) each (B, H, t_i) of the layer's LTM attention (for sticky memories)
 
 
 class Model(nn.Module):
@@ -649,7 +635,6 @@ class Model(nn.Module):
         self.long_term = LongTermMemory(config)                   # the LTM's basis, ridge matrices and write
 
     # Copied from model_xl.py (Model._init_weights)
-    # (the CNN gate, a Conv1d, keeps PyTorch's default init, as in the authors' code)
     def _init_weights(self, module):
         # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
         # LayerNorm gains N(1, init_std).
@@ -676,10 +661,10 @@ class Model(nn.Module):
                       **self.long_term.empty_state(batch_size, device, dtype))
 
     def reset_memory(self, memory, mask):
-        """Empty the STM and the LTM of the rows where mask (B,) is True."""
-        keep = ~mask
-        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype), length=memory.length * keep,
-                      **self.long_term.reset_state(memory, mask))
+        """Empty the STM and the LTM of the rows where mask (B,) is True: they become fresh streams' rows."""
+        fresh = self.init_memory(mask.size(0), mask.device, memory.mem.size(2) - (2 * self.config.seg_len - 1))
+        rows = lambda x: mask if x.dim() == 1 else mask.view(1, -1, *[1] * (x.dim() - 2))   # (B,) or (n_layer, B, ..)
+        return Memory(**{k: torch.where(rows(v), getattr(fresh, k).to(v.dtype), v) for k, v in vars(memory).items()})
 
     def _begin_segment(self, memory):
         """The STM's keys/values and validity, and the LTM after this step's write (§3.2). -> SegmentStart"""
@@ -687,19 +672,18 @@ class Model(nn.Module):
         n_wait = 2 * self.config.seg_len - 1                                           # slots before the STM
         valid = torch.arange(S, device=memory.mem.device)[None, :] >= (S - memory.length)[:, None]   # (B, S)
         stm_kv = [layer.attn.keys_values(memory.mem[n][:, n_wait:]) for n, layer in enumerate(self.layers)]
-        ltm_attentions = [layer.attn.ltm for layer in self.layers]
-        ltm = self.long_term.begin_segment(memory, ltm_attentions, self.word_emb.weight.dtype)
-        return SegmentStart(stm_kv, valid[:, n_wait:], ltm)
+        ltm = self.long_term.begin_segment(memory, [layer.attn.ltm for layer in self.layers])
+        return SegmentStart(stm_kv, valid[:, n_wait:], *ltm)
 
-    def _update_memory(self, memory, hids, start, hists, T):
+    def _update_memory(self, memory, start, hids, densities):
         """The STM keeps the last mem_len positions of [old ; this segment's layer inputs] (detached, SG); the valid
         positions pushed out of it join the vectors waiting for the LTM. hids: n_layer (B, T, C)."""
-        S = memory.mem.size(2)
+        S, T = memory.mem.size(2), hids[0].size(1)
         mem_len = S - (2 * self.config.seg_len - 1)
         cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (n_layer, B, S+T, C)
         left = (memory.length.clamp(max=mem_len) + T - mem_len).clamp(min=0)           # (B,) valid, left the STM
         return Memory(mem=cat[:, :, T:].detach().contiguous(), length=(memory.length + T).clamp(max=S),
-                      **self.long_term.next_state(memory, start.ltm, hists, left))
+                      **self.long_term.next_state(memory, start, densities, left))
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) --------------------------------
 
@@ -739,23 +723,21 @@ class Model(nn.Module):
         r = self._relative_positions(key_valid.size(1), idx.device)
 
         h = self.drop(self.word_emb(idx))                                            # (B, T, C)
-        hids, mu_sigmas = [], []
+        hids, densities = [], []
         for n, layer in enumerate(self.layers):
             hids.append(h)
-            h, _, mu, sigma_sq = layer(h, start.stm_kv[n], r, *self._u_v(n), attn_mask, start.ltm.read[n])
-            mu_sigmas.append((mu, sigma_sq))
+            h, _, density = layer(h, start.stm_kv[n], r, *self._u_v(n), attn_mask, start.ltm_read[n])
+            densities.append(density)
         h = self.drop(self.ln_f(h))
         logits = F.linear(h, self.word_emb.weight)                                   # (B, T, V)
 
-        hists = ([normalized(attention_histogram(mu, s2, c.sticky_bins)) for mu, s2 in mu_sigmas]
-                 if c.ltm and c.sticky else list(memory.ltm_hist))                  # for the next write (§3.3)
-        new_memory = self._update_memory(memory, hids, start, hists, T)
+        new_memory = self._update_memory(memory, start, hids, [[d] for d in densities])   # one piece per layer
         loss, aux = None, {}
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
             aux['lm_loss'] = loss.detach()
             if c.ltm:
-                kl = self.long_term.kl(mu_sigmas, start.ltm.write.written)          # L = L_NLL + λ_KL L_KL (Eq. 21)
+                kl = self.long_term.kl(densities, start.write.written)              # L = L_NLL + λ_KL L_KL (Eq. 21)
                 aux['kl_loss'] = kl.detach()
                 loss = loss + c.kl_weight * kl
         return logits, loss, new_memory, aux
@@ -784,9 +766,7 @@ class Model(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
         """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. A segment
         starts as in forward() (the LTM write); each new token then costs one position's work against the cached
-        keys (OpenSegment); when decode() closes the segment it updates the memory as forward() would (the
-        attention histogram summed over its tokens). callback(tokens (B, 1)) is called after each sampled token."""
-        c = self.config
+        keys (OpenSegment); when decode() closes the segment it updates the memory as forward() would."""
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)
@@ -797,8 +777,7 @@ class Model(nn.Module):
             if seg is None:                                             # a segment opens on the memory
                 start = self._begin_segment(memory)
                 seg = OpenSegment(start=start, key_valid=start.stm_valid, kv=list(start.stm_kv),
-                                  hids=[[] for _ in self.layers],
-                                  hists=[torch.zeros_like(hist) for hist in memory.ltm_hist])
+                                  hids=[[] for _ in self.layers], densities=[[] for _ in self.layers])
             T = tokens.size(1)
             seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
             attn_mask = self._attn_mask(seg.key_valid, T)
@@ -806,14 +785,11 @@ class Model(nn.Module):
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
                 seg.hids[n].append(h)
-                h, seg.kv[n], mu, sigma_sq = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, seg.start.ltm.read[n])
-                if c.ltm and c.sticky:
-                    seg.hists[n] = seg.hists[n] + attention_histogram(mu, sigma_sq, c.sticky_bins)
+                h, seg.kv[n], density = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, seg.start.ltm_read[n])
+                seg.densities[n].append(density)
             if closes_segment:                                          # it becomes the memory, as in forward()
-                hists = [normalized(hist) for hist in seg.hists] if c.ltm and c.sticky else list(memory.ltm_hist)
-                memory = self._update_memory(memory, [torch.cat(pieces, dim=1) for pieces in seg.hids], seg.start,
-                                             hists, c.seg_len)
+                memory = self._update_memory(memory, seg.start, [torch.cat(p, 1) for p in seg.hids], seg.densities)
                 seg = None
             return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
 
-        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
+        return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)

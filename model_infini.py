@@ -214,9 +214,15 @@ def apply_rope(x, cos, sin):
 # The compressive memory (§2.1.2). Everything here runs in the memory's dtype (float32) with autocast off.
 
 
+SIGMA_FLOOR = 1e-15   # σ's smallest value: σ(q)·z >= 1e-30 cannot underflow float32 (smallest normal 1.2e-38)
+
+
 def sigma(x):
-    """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z."""
-    return F.elu(x) + 1.0
+    """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z.
+    Computed as x + 1 (x > 0) and exp(x) (x <= 0), which is the same function: F.elu(x) + 1 rounds to exactly 0
+    in float32 below x ≈ -17 (exp(x) under half an ulp of 1), and a query with every coordinate there would
+    read 0/0 = NaN in Eq. 3. exp is floored at SIGMA_FLOOR (x < -34.5, where σ is 1e-15 and its gradient 0)."""
+    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0)))
 
 
 def memory_retrieve(sigma_q, M, z, has_memory):

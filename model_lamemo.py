@@ -16,22 +16,20 @@ l, with memory input m^l (M positions) and segment input h^l (T positions):
      bias v₊ (`r_r_bias_future`); u is shared with the causal direction:
          A^→_{i,j} = (q_i + u)·k_j + (q_i + v₊)·W_{k,R} R_{j-i},   j > i
   4. The refreshed states go through the rest of the layer (W_o, residual, LayerNorm, feed-forward) and become
-     m^{l+1}; the segment's queries at layer l attend to [m^l ; h^l] as in Transformer-XL. So only m^0 (the
-     embeddings) is stored as hidden states, and C^←, log s^← for every layer but the last, which has nothing to feed
-     (the authors' code computes its refresh and discards it) and no v₊. A refreshed state has seen tokens up to
-     the segment's first one, which every query of the segment sees too: nothing leaks.
-Equations are cited by section with the paper's symbols: the seed note at hand (seeds/002) gives no numbers.
+     m^{l+1}; the segment's queries at layer l attend to [m^l ; h^l], as in Transformer-XL and the authors' code (not
+     to m^{l+1}). So only m^0 (the embeddings) is stored as hidden states, and C^←, log s^← for every layer but the
+     last, which has nothing to feed (the authors' code computes its refresh and discards it) and no v₊. A refreshed
+     state has seen tokens up to the segment's first one, which every query of the segment sees too: nothing leaks.
+Equations are cited by section, with the paper's symbols: no numbered text of the paper was at hand (nor in seeds/).
 
 Details the paper leaves open follow the authors' code (thu-coai/LaMemo, pytorch/mem_transformer.py, attn_type 3):
-u shared by both directions; ε = 1e-6 added after subtracting the max; α keeps its gradient through s^→; the
-segment's queries see m^l, not this layer's refreshed output. Deviations: the window is the previous segment's
-length T_prev (stored) where the code uses the current one (equal for equal segments; T_prev tiles the windows
-exactly and lets generate() equal forward()); untie_r applies to v₊ as to u and v (the code shares all three);
-invalid slots of a fresh stream are masked and refresh nothing; the softmax is always the manual one, since LaMemo
-stores log-sum-exps and SDPA does not return them.
+u shared by both directions; ε = 1e-6 added after subtracting the max; α keeps its gradient through s^→.
+Deviations: the window is the previous segment's length T_prev (stored) where the code uses the current one (equal
+for equal segments; T_prev tiles the windows exactly and lets generate() equal forward()); untie_r applies to v₊ as
+to u and v (the code shares all three); invalid slots of a fresh stream are masked and refresh nothing; the softmax
+is always the manual one, since LaMemo stores log-sum-exps and SDPA does not return them.
 
-Reading order: Config → Memory → small blocks (copied from model_xl.py on purpose) → attention in both directions
-and the interpolation → block → model (init, memory, forward, generate).
+Reading order: Config → Memory → copied small blocks → attention both ways, interpolation → block → model.
 """
 
 import math
@@ -81,8 +79,7 @@ class Config:
 
 @dataclass
 class Memory:
-    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once. Only
-    layer 0's memory is hidden states; the layers above get theirs by refreshing the layer below at every step."""
+    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once."""
     mem: torch.Tensor       # (1, B, M, C) layer 0's memory: the embeddings of the last M positions, oldest first
     length: torch.Tensor    # (B,) int64, how many of the M slots (the most recent ones) are valid
     attn_vec: torch.Tensor  # (n_layer-1, B, H, M, D) C^← per layer but the last: the attention output before W_o
@@ -98,7 +95,6 @@ class OpenSegment:
     emb: list                                        # pieces (B, t_i, C) of the embeddings h^0
     kv: list = field(default_factory=list)           # (k, v) each (B, H, M + t, D) of [m^l ; tokens]
     mem_states: list = field(default_factory=list)   # (C^↔, log s) (B, H, M, D), (B, H, M); not the last layer
-    mem_in: list = field(default_factory=list)       # m^l (B, M, C), the layer's memory input
     seg_states: list = field(default_factory=list)   # pieces (C, log s) (B, H, t_i, D), (B, H, t_i) of the tokens
 
 
@@ -214,13 +210,12 @@ def rel_shift(x):
 
 
 def future_position_scores(q, r_k, W):
-    """rel_shift's counterpart for distances to the right: the look-ahead positional scores (q_i + v₊)·W_{k,R} R_{j-i}
-    (§3.3) of the M memory queries against the W window keys. q: (B, H, M, D) queries + v₊; r_k: (H, M, D) W_{k,R} R
-    for the distances 1..M. Out: y[..., i, j] = q_i · r_k[M - W + j - i], the window key at position M - W + 1 + j
-    of [memory ; segment]; keys at or left of the query (distance <= 0) give garbage, always masked.
-    The authors' `_rel_shift_future` scores every query against every distance: O(M²) time and memory for W used
-    distances per query. Here blocks of W queries each score the 2W - 1 distances they need as one (W, 2W) product
-    and take their W: O(M W). (index_select and gather: a strided-view skew made inductor's CPU backward abort.)"""
+    """rel_shift's counterpart for distances to the right (§3.3): the look-ahead scores (q_i + v₊)·W_{k,R} R_{j-i} of
+    the M memory queries q (B, H, M, D), v₊ added, against the W window keys; r_k (H, M, D) is W_{k,R} R for the
+    distances 1..M. Out: y[..., i, j] = q_i · r_k[M - W + j - i], key j at position M - W + 1 + j of [memory ;
+    segment]; keys at or left of the query (distance <= 0) give garbage, always masked. The authors' code scores every
+    query against every distance, O(M²); here each block of W queries scores its 2W - 1 distances as one (W, 2W)
+    product, O(M W) (index_select and gather: a strided-view skew aborted inductor's CPU backward)."""
     B, H, M, D = q.shape
     nb = -(-M // W)                                               # blocks of W queries
     q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
@@ -239,19 +234,16 @@ def future_position_scores(q, r_k, W):
 
 def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
     """Memory interpolation (§3.2): C^↔ = α sg(C^←) + (1 - α) C^→, α = sg(s^←) / (sg(s^←) + s^→ + ε), computed
-    stably from the log-sum-exps (subtract the max, as the authors' code). With ε = 0 this is one softmax over the
-    old and the new keys together. old_vec, new_vec: (B, H, M, D); old_lse, new_lse: (B, H, M).
-    Returns the merged (vec, lse); lse = log(s^← + s^→)."""
+    stably from the log-sum-exps (subtract the max, as the authors' code); with ε = 0, one softmax over the old and
+    the new keys together. old_vec, new_vec: (B, H, M, D); old_lse, new_lse: (B, H, M). -> C^↔, log(s^← + s^→)."""
     old_vec, old_lse = old_vec.detach(), old_lse.detach()
     top = torch.maximum(old_lse, new_lse)
     s_old, s_new = (old_lse - top).exp(), (new_lse - top).exp()  # (B, H, M), the larger one is 1
     alpha = (s_old / (s_old + s_new + eps))[..., None]          # (B, H, M, 1)
-    vec = alpha * old_vec + (1 - alpha) * new_vec
-    return vec, torch.logaddexp(old_lse, new_lse)
+    return alpha * old_vec + (1 - alpha) * new_vec, torch.logaddexp(old_lse, new_lse)
 
 
-# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->LookAheadAttn, forward() cut into queries(),
-# forward() (segment attention with log-sum-exp, no W_o), look_ahead() (§3.1) and output() (W_o, residual, LayerNorm)
+# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->LookAheadAttn and forward() cut in pieces
 class LookAheadAttn(nn.Module):
     """model_xl.py's RelMultiHeadAttn (the same parameters, the same names), cut where LaMemo needs it: forward() is
     the segment's causal attention, look_ahead() the memory's (§3.1); both return the output before W_o and its
@@ -298,12 +290,9 @@ class LookAheadAttn(nn.Module):
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
         """The segment's queries: Transformer-XL's relative attention (terms (a)-(d)), arguments as model_xl.py's.
         -> C (B, H, T, D), log s (B, H, T) and (k, v) (B, H, S+T, D) of [m^l ; h^l]."""
-        H, D = self.n_head, self.d_head
         q = self.queries(h)                                       # (B, H, T, D)
-        k_new, v_new = self.keys_values(h)
-        k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)
-        v = torch.cat([mem_kv[1], v_new], dim=2)
-        r_k = self.r_net(r).view(k.size(2), H, D).transpose(0, 1)                      # (H, K, D)  W_{k,R} R
+        k, v = (torch.cat([mem, new], dim=2) for mem, new in zip(mem_kv, self.keys_values(h)))   # (B, H, K, D) each
+        r_k = self.r_net(r).view(k.size(2), self.n_head, self.d_head).transpose(0, 1)   # (H, K, D)  W_{k,R} R
         AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, T, K)
         BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))     # (B, H, T, K)
         vec, lse = self.softmax_with_lse((AC + BD) * self.scale, attn_mask, v)
@@ -328,8 +317,7 @@ class LookAheadAttn(nn.Module):
         return h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
 
 
-# Copied from model_xl.py (Block) with RelMultiHeadAttn->LookAheadAttn, forward() also returning (C, log s), and
-# refresh() (the memory's way through the layer) added
+# Copied from model_xl.py (Block) with RelMultiHeadAttn->LookAheadAttn, (C, log s) returned and refresh() added
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -344,8 +332,7 @@ class Block(nn.Module):
     def refresh(self, m, old, kv, r_future, r_w_bias, r_r_bias_future, mask, mem_valid):
         """The memory's way through the layer: look-ahead attention, interpolation with the stored `old` (C^←, log s^←)
         (an invalid slot, mem_valid (B, M) False, keeps it), the rest of the layer. -> m^{l+1}, merged (C^↔, log s)."""
-        new_vec, new_lse = self.attn.look_ahead(m, kv, r_future, r_w_bias, r_r_bias_future, mask)
-        vec, lse = lookahead_merge(*old, new_vec, new_lse)
+        vec, lse = lookahead_merge(*old, *self.attn.look_ahead(m, kv, r_future, r_w_bias, r_r_bias_future, mask))
         keep = mem_valid[:, None, :]                              # (B, 1, M)
         vec, lse = torch.where(keep[..., None], vec, old[0]), torch.where(keep, lse, old[1])
         return self.ff(self.attn.output(m, vec)), (vec, lse)
@@ -365,21 +352,18 @@ def look_ahead_mask(memory, W):
 
 
 def update_memory(memory, seg):
-    """The memory after the tokens of seg (OpenSegment): layer 0's memory rolls FIFO over their embeddings; every
-    layer but the last keeps C and log s of the last M positions (merged for old positions, the tokens' own for new
-    ones); all detached."""
+    """The memory after the tokens of seg (OpenSegment), detached: layer 0's memory rolls FIFO over their embeddings;
+    every layer but the last keeps C and log s of the last M positions (old ones merged, new ones the tokens' own)."""
     emb = torch.cat(seg.emb, dim=1)                               # (B, T, C)
     M, T = memory.mem.size(2), emb.size(1)
 
-    def last_M(old, pieces, dtype):                               # (B, H, M, ...) and pieces (B, H, t_i, ...)
-        return torch.cat([old.to(dtype)] + [p.to(dtype) for p in pieces], dim=2)[:, :, T:]
+    def last_M(k, dtype):       # state k (0: C, 1: log s) of every layer but the last -> (n_layer-1, B, H, M, ...)
+        return torch.stack([torch.cat([old[k].to(dtype)] + [p[k].to(dtype) for p in pieces], dim=2)[:, :, T:]
+                            for old, pieces in zip(seg.mem_states, seg.seg_states)]).detach().contiguous()
 
-    states = list(zip(seg.mem_states, seg.seg_states))            # the last layer has no state to keep
-    attn_vec = torch.stack([last_M(old[0], [p[0] for p in pieces], memory.attn_vec.dtype) for old, pieces in states])
-    attn_lse = torch.stack([last_M(old[1], [p[1] for p in pieces], memory.attn_lse.dtype) for old, pieces in states])
     mem = torch.cat([memory.mem[0], emb.to(memory.mem.dtype)], dim=1)[:, T:]      # (B, M, C)
     return Memory(mem=mem[None].detach().contiguous(), length=(memory.length + T).clamp(max=M),
-                  attn_vec=attn_vec.detach().contiguous(), attn_lse=attn_lse.detach().contiguous(),
+                  attn_vec=last_M(0, memory.attn_vec.dtype), attn_lse=last_M(1, memory.attn_lse.dtype),
                   prev_len=torch.full_like(memory.prev_len, T))
 
 
@@ -431,22 +415,16 @@ class Model(nn.Module):
         M = c.mem_len if mem_len is None else mem_len
         B, L, H, D = batch_size, c.n_layer - 1, c.n_head, c.d_head   # the last layer refreshes nothing
         dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
-        lse_dtype = torch.promote_types(dtype, torch.float32)    # float32, or the model's dtype if wider
         return Memory(mem=torch.zeros(1, B, M, c.n_embd, device=device, dtype=dtype),
                       length=torch.zeros(B, dtype=torch.long, device=device),
                       attn_vec=torch.zeros(L, B, H, M, D, device=device, dtype=dtype),
-                      attn_lse=torch.zeros(L, B, H, M, device=device, dtype=lse_dtype),
+                      attn_lse=torch.zeros(L, B, H, M, device=device, dtype=torch.promote_types(dtype, torch.float32)),
                       prev_len=torch.zeros(B, dtype=torch.long, device=device))
 
     def reset_memory(self, memory, mask):
         """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
-        keep = ~mask
-
-        def keep_rows(x):                                         # x: (B,) or (L, B, ...)
-            shape = [-1] if x.dim() == 1 else [1, -1] + [1] * (x.dim() - 2)
-            return x * keep.view(shape).to(x.dtype)
-
-        return Memory(**{name: keep_rows(x) for name, x in vars(memory).items()})
+        keep = ~mask            # (B,); as (B, 1, ..., 1) it broadcasts onto the batch dim of both (B,) and (L, B, ...)
+        return Memory(**{name: x * keep.view(-1, *[1] * (x.dim() - 2)).to(x.dtype) for name, x in vars(memory).items()})
 
     # Copied from model_xl.py (Model._relative_positions) with K->pos_seq: any distances (the look-ahead's are 1..M)
     def _positions(self, pos_seq):
@@ -492,8 +470,7 @@ class Model(nn.Module):
         m = memory.mem[0]                                         # (B, M, C) m^0, stored
         for n, layer in enumerate(self.layers):
             u, v, v_future = self._biases(n)
-            seg.mem_in.append(m)
-            h_next, state, kv = layer(h, layer.attn.keys_values(m), r, u, v, attn_mask)
+            h, state, kv = layer(h, layer.attn.keys_values(m), r, u, v, attn_mask)
             if v_future is not None:                              # the last layer has no next layer to refresh
                 old = (memory.attn_vec[n], memory.attn_lse[n])    # (B, H, M, D), (B, H, M)
                 if M > 0:
@@ -501,7 +478,6 @@ class Model(nn.Module):
                 seg.mem_states.append(old)
             seg.kv.append(kv)
             seg.seg_states.append([state])
-            h = h_next
         return h, seg
 
     def _extend_segment(self, h, seg, M):
@@ -509,9 +485,8 @@ class Model(nn.Module):
         memory ; earlier tokens], as in Transformer-XL. h: (B, T, C) embeddings. -> the last layer's output."""
         B, T, _ = h.shape
         seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
-        K = seg.key_valid.size(1)
-        attn_mask = self._attn_mask(seg.key_valid, T, M)
-        r = self._positions(torch.arange(K - 1, -1, -1.0, device=h.device))          # (K, C)
+        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, K)
+        r = self._positions(torch.arange(seg.key_valid.size(1) - 1, -1, -1.0, device=h.device))   # (K, C) K-1..0
         seg.emb.append(h)
         for n, layer in enumerate(self.layers):
             u, v, _ = self._biases(n)
@@ -547,20 +522,17 @@ class Model(nn.Module):
         attention = 6 * 3 * c.n_layer * HD * K
         per_segment = 6 * c.n_layer * (2 * M * c.n_embd * HD + K * c.n_embd * HD) / T
         look_ahead = M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 4 * HD * M * W   # per layer but the last
-        per_segment += 6 * (c.n_layer - 1) * look_ahead / T
-        return 6 * self.num_params() + attention + per_segment
+        return 6 * self.num_params() + attention + per_segment + 6 * (c.n_layer - 1) * look_ahead / T
 
     # --- generation ---------------------------------------------------------------------------------------
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. A segment's
-        first tokens refresh the memory as forward() does; later ones attend to the cached keys and values; when
-        decode() closes the segment it becomes the memory as in forward(). callback(tokens (B, 1)) follows each
-        sampled token."""
-        B = idx.size(0)
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx; callback as
+        decode()'s. A segment's first tokens refresh the memory as forward() does; later ones attend to the cached
+        keys and values; when decode() closes the segment it becomes the memory as in forward()."""
         if memory is None:
-            memory = self.init_memory(B, idx.device)
+            memory = self.init_memory(idx.size(0), idx.device)
         seg = None                                                      # the open segment, None until its first token
 
         def step(tokens, closes_segment):

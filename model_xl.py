@@ -16,8 +16,7 @@ Two ideas, both in the attention:
      the "rel-shift" trick (see `rel_shift`).
 
 Reading order: Config → Memory → small blocks (copied between model files on purpose) → relative attention →
-block → model (init, forward, memory update, generate). LaMemo's look-ahead memory (Ji et al., 2022), which refreshes
-this memory with the tokens on its right, is its own model: model_lamemo.py.
+block → model (init, forward, memory update, generate). LaMemo's look-ahead memory is its own model: model_lamemo.py.
 
 Deliberate deviations from the paper's code (also listed in the README):
   - GPT-2 BPE tokens with a full tied softmax instead of word-level adaptive input/softmax; no output bias.
@@ -330,18 +329,15 @@ class Model(nn.Module):
 
     def reset_memory(self, memory, mask):
         """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
-        keep = ~mask
-        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype),
-                      length=memory.length * keep)
+        keep = ~mask                                              # (B,)
+        return Memory(mem=memory.mem * keep[None, :, None, None].to(memory.mem.dtype), length=memory.length * keep)
 
     def _update_memory(self, memory, hids):
         """§3.2: the new memory is the last mem_len positions of [old memory ; this segment's layer inputs],
         with the gradient stopped (SG). hids: n_layer tensors (B, T, C)."""
-        M = memory.mem.size(2)
-        T = hids[0].size(1)
+        M, T = memory.mem.size(2), hids[0].size(1)
         cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (L, B, M+T, C)
-        return Memory(mem=cat[:, :, T:].detach().contiguous(),                      # (L, B, M, C)
-                      length=(memory.length + T).clamp(max=M))
+        return Memory(mem=cat[:, :, T:].detach().contiguous(), length=(memory.length + T).clamp(max=M))
 
     # --- attention geometry, shared by forward and generate ------------------------------------------------
 
@@ -381,11 +377,10 @@ class Model(nn.Module):
         if T > self.config.seg_len:
             raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
         M = memory.mem.size(2)
-        K = M + T
         mem_valid = torch.arange(M, device=idx.device)[None, :] >= (M - memory.length)[:, None]    # (B, M)
-        key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1)                          # (B, K)
+        key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1)                          # (B, K = M+T)
         attn_mask = self._attn_mask(key_valid, T, M)              # (B, 1, T, K)
-        r = self._relative_positions(K, idx.device)               # (K, C)
+        r = self._relative_positions(M + T, idx.device)           # (K, C)
 
         h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^0
         hids = []
@@ -424,10 +419,9 @@ class Model(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
-        The open segment's keys and values are cached (OpenSegment): each new token costs one position's work; when
-        decode() closes the segment it becomes the memory, exactly as forward() does.
-        callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx; callback as
+        decode()'s. The open segment's keys and values are cached (OpenSegment): each new token costs one position's
+        work; when decode() closes the segment it becomes the memory, exactly as forward() does."""
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)

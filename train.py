@@ -51,6 +51,8 @@ class TrainConfig:
     gradient_accumulation_steps: int = 1  # micro-batches per step, each with its own streams and memories
     bptt_segments: int = 1             # segments whose graph is kept before backward (then the memory is detached)
     reset_at_doc: bool = False         # empty a row's memory when its next segment starts a new document
+    reset_every: int = 0               # empty every memory each k segments, in training and evaluation (Infini-
+                                       # attention's paper: each input of 16 segments starts fresh); 0 = never
     # AdamW with linear warmup and cosine decay (the paper: Adam, lr 2.5e-4, cosine to 0, clip 0.25)
     learning_rate: float = 2.5e-4
     min_lr: float = 0.0
@@ -84,7 +86,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ('warmup_iters', 'lr_decay_iters', 'eval_tokens', 'eval_batch_size', 'eval_seg_len'):
+        for name in ('warmup_iters', 'lr_decay_iters', 'eval_tokens', 'eval_batch_size', 'eval_seg_len',
+                     'reset_every'):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ('learning_rate', 'min_lr', 'weight_decay', 'grad_clip'):
@@ -294,7 +297,7 @@ def evaluate(model, evalset, run, model_cfg):
                 x[b, :n] = torch.from_numpy(data[a:a + n].astype(np.int64))
                 y[b, :n] = torch.from_numpy(data[a + 1:a + 1 + n].astype(np.int64))
         x, y = x.to(device), y.to(device)
-        if cfg.eval_reset_memory:
+        if cfg.eval_reset_memory or (cfg.reset_every and s and s % cfg.reset_every == 0):
             memory = model.reset_memory(memory, torch.ones(B, dtype=torch.bool, device=device))
         with run.ctx:
             logits, _, memory, _ = model(x, memory)
@@ -431,8 +434,8 @@ def load_data(run, model_cfg, data_dir, meta, tokenizer):
         doc_starts = np.load(docs_path)
     G, B = cfg.gradient_accumulation_steps, cfg.batch_size
     n_streams = run.world_size * G * B
-    loaders = [StreamLoader(train_data, n_streams, (run.rank * G + g) * B, B, model_cfg.seg_len, doc_starts)
-               for g in range(G)]
+    loaders = [StreamLoader(train_data, n_streams, (run.rank * G + g) * B, B, model_cfg.seg_len, doc_starts,
+                            cfg.reset_every) for g in range(G)]
     return loaders, eval_set(eval_data, meta, cfg.eval_split, tokenizer)
 
 

@@ -107,6 +107,33 @@ def _probe_overrides(spec):
 # Device, precision, compile (as train.py does)
 
 
+def compile_model(model):
+    """torch.compile for a benchmark that compiles several models in one process. dynamic=False: once a model
+    of one file has been compiled, a second model of the same file with another memory shape would otherwise be
+    recompiled with automatic dynamic shapes, whose graph can be much slower (measured: XL compiled after the
+    baseline ran at 0.66x its eager speed, with dynamic=False at 0.90-0.93x; issue 20). train.py compiles one
+    model whose shapes do not change, so it keeps the default."""
+    import torch._dynamo
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)   # one graph per shape
+    return torch.compile(model, dynamic=False)
+
+
+def run_rounds(entries, step, warmup, steps, device_type, label):
+    """Round-robin timing: every round runs step(e) once for every entry, so background load moves all of them
+    alike; the first `warmup` rounds are not timed (compilation happens there: e.first_step_s keeps round 0).
+    Each entry collects its timed seconds in e.times."""
+    for r in range(warmup + steps if entries else 0):
+        t_round = time.perf_counter()
+        for e in entries:
+            with Timer(device_type) as t:
+                step(e)
+            if r >= warmup:
+                e.times.append(t.seconds)
+            elif r == 0:
+                e.first_step_s = t.seconds
+        print(f"{label} round {r + 1}/{warmup + steps}: {time.perf_counter() - t_round:.1f} s", flush=True)
+
+
 def setup(device='cpu'):
     """-> (device, device_type). cuda: TF32 on, as train.py."""
     device, device_type = train.resolve_device(device)

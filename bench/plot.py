@@ -10,6 +10,7 @@ bench/ only (`pip install matplotlib`).
 """
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -200,15 +201,19 @@ def table_recall(r):
     lines = []
     for task, t in r['tasks'].items():
         cols = [str(c) for c in t['columns']]
+        seeds = t.get('seeds', [None])
         lines += [f"{task}: {t['metric']} by {t['column_label']} (chance {t['chance']:.2f}); "
-                  f"in brackets: the same with the memory emptied before every segment", '',
+                  + (f"mean ± std over seeds {', '.join(map(str, seeds))}; " if len(seeds) > 1 else '')
+                  + "in brackets: the same with the memory emptied before every segment", '',
                   _row(['variant'] + cols + ['final train loss', 'train time']), _row(['---'] * (len(cols) + 3))]
         for v, acc in t['accuracy'].items():
-            empty = t['accuracy_memory_emptied'][v]
-            run = t['runs'][v]
-            loss = run['final'].get('train/loss', float('nan'))
-            lines.append(_row([v] + [f"{acc[c]:.2f} ({empty[c]:.2f})" for c in cols]
-                              + [f"{loss:.3f}", f"{run['train_seconds']:.0f} s" if 'train_seconds' in run else '']))
+            empty, std = t['accuracy_memory_emptied'][v], t.get('accuracy_std', {}).get(v)
+            runs = t['runs'][v] if 'seeds' in t else {'': t['runs'][v]}     # older files: one run per variant
+            loss = statistics.mean(r['final'].get('train/loss', float('nan')) for r in runs.values())
+            seconds = [r['train_seconds'] for r in runs.values() if 'train_seconds' in r]
+            lines.append(_row([v] + [f"{acc[c]:.2f}" + (f" ± {std[c]:.2f}" if std and len(seeds) > 1 else '')
+                                     + f" ({empty[c]:.2f})" for c in cols]
+                              + [f"{loss:.3f}", f"{statistics.mean(seconds):.0f} s" if seconds else '']))
         for name, ref in t.get('window_reference', {}).items():
             lines.append(_row([f'counts of the last {name}'] + [f"{ref[c]:.2f}" for c in cols] + ['', '']))
         lines.append('')

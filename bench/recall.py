@@ -4,6 +4,7 @@ Long-range recall, trained through train.py: passkey retrieval and the ∞-forme
     python bench/recall.py                                   # both tasks, every variant present, CPU
     python bench/recall.py --tasks=passkey --variants=baseline,xl --tokens=500000
     python bench/recall.py --device=cuda                     # bf16 + compile, as train.py does on a GPU
+    python bench/recall.py --tasks=passkey --seeds=1,2,3 --bptt_segments=16 --curriculum=0.25   # as issue 15 asks
 
 For each task the data are written in train.py's format (data/README.md) to a directory under --out_dir, every
 variant is trained on it with `train.train([...flags])` (the same token budget for every model), and its
@@ -80,8 +81,13 @@ class RecallConfig:
     out_dir: str = 'out-recall'    # data, checkpoints and logs
     out: str = str(common.RESULTS / 'recall.json')
     seed: int = 1337
+    seeds: str = ''                # train every variant once per seed ('1,2,3'); '' = --seed only
+    bptt_segments: int = 1         # train.py's: the graph is kept over k segments (Infini-attention's paper: 16).
+                                   # Training episodes are then packed so that none crosses a k-segment boundary
+    curriculum: float = 0.0        # the first fraction of training reads in-window episodes only, then the mix
     plot: bool = True              # write the plot (needs matplotlib)
-    overrides: str = ''            # model Config fields for every variant, e.g. gate_lr_mult=1 (an ablation)
+    overrides: str = ''            # model Config or train.py fields for every variant, e.g. gate_lr_mult=1,
+                                   # reset_every=16 (an ablation; --bptt_segments has its own flag)
     rescore: bool = False          # no training: score the checkpoints under out_dir (an earlier run with the same
                                    # flags) at --depths / --lengths; training records come from the JSON at --out
     strict: bool = True            # a missing model file or Config field is an error (False: skip it)
@@ -91,7 +97,7 @@ class RecallConfig:
     n_embd: int = RECALL_SIZE['n_embd']
 
     def __post_init__(self):
-        for name in ('tokens', 'batch_size', 'eval_episodes', 'seg_len', 'n_layer', 'n_embd'):
+        for name in ('tokens', 'batch_size', 'eval_episodes', 'seg_len', 'n_layer', 'n_embd', 'bptt_segments'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for t in self.tasks.split(','):
@@ -101,6 +107,17 @@ class RecallConfig:
             raise ValueError(f"overrides must be field=value,..., got {self.overrides!r}")
         if not 0 <= self.inside_fraction <= 1:
             raise ValueError(f"inside_fraction must be in [0, 1], got {self.inside_fraction}")
+        if not 0 <= self.curriculum <= 1:
+            raise ValueError(f"curriculum must be in [0, 1], got {self.curriculum}")
+        if any(item.partition('=')[0] == 'bptt_segments' for item in self.overrides.split(',')):
+            raise ValueError("set bptt_segments with --bptt_segments (it also packs the episodes), not --overrides")
+        try:
+            [int(v) for v in self.seeds.split(',') if v]
+        except ValueError:
+            raise ValueError(f"seeds takes comma-separated integers, got {self.seeds!r}") from None
+
+    def seed_list(self):
+        return [int(v) for v in self.seeds.split(',') if v] or [self.seed]
         if self.seg_len < 32:
             raise ValueError("seg_len must be >= 32 (a sorting answer of 21 tokens must fit in a segment)")
 
@@ -195,20 +212,30 @@ def pad_to(body, targets, T, pad_token):
 
 def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
     """n_streams streams of exactly n_segments segments of whole episodes (the last one cut), so every episode
-    starts at a segment boundary; train_docs.npy marks the episode starts (for --reset_at_doc)."""
-    T, W = cfg.seg_len, cfg.seg_len + cfg.mem_len
+    starts at a segment boundary; train_docs.npy marks the episode starts (for --reset_at_doc).
+    The first cfg.curriculum of every stream holds in-window episodes only. With bptt_segments = k > 1 an episode
+    of at most k segments that would cross a multiple of k segments starts at the next one instead (filler
+    before it), so train.py's graph always holds a whole episode: the answer's gradient reaches the evidence."""
+    T, W, k = cfg.seg_len, cfg.seg_len + cfg.mem_len, cfg.bptt_segments
     rng = np.random.default_rng(seed)
     max_length = max(int(v) for v in cfg.lengths.split(','))
+    pad_token = None if task == 'passkey' else PAD
     streams, starts = [], []
     for s in range(n_streams):
         parts, n = [], 0
         while n < n_segments * T:
+            inside = 1.0 if n < cfg.curriculum * n_segments * T else cfg.inside_fraction
             if task == 'passkey':
-                body, targets = passkey_train_episode(rng, T, W, cfg.max_depth_factor, cfg.inside_fraction)
-                body, _ = pad_to(body, targets, T, None)
+                body, targets = passkey_train_episode(rng, T, W, cfg.max_depth_factor, inside)
             else:
-                body, targets = sorting_train_episode(rng, T, max_length, cfg.inside_fraction)
-                body, _ = pad_to(body, targets, T, PAD)
+                body, targets = sorting_train_episode(rng, T, max_length, inside)
+            body, _ = pad_to(body, targets, T, pad_token)
+            used, need = (n // T) % k, len(body) // T
+            if k > 1 and used + need > k >= need:             # would cross a graph boundary: start at the next
+                n_gap = (k - used) * T
+                gap = filler(n_gap) if pad_token is None else np.full(n_gap, pad_token)
+                parts.append(gap)
+                n += len(gap)
             starts.append(s * n_segments * T + n)
             parts.append(body)
             n += len(body)
@@ -234,7 +261,8 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
 
 
 def model_fields(spec, size, cfg):
-    """The variant's Config fields at the recall size (memory lengths from cfg)."""
+    """The variant's Config fields at the recall size (memory lengths from cfg), and --overrides' model fields.
+    Overrides that are train.py fields are left to train_flags."""
     fields = {**spec, **size}
     name = fields.pop('model')
     fields.update(SYNTHETIC.get(name, {}))
@@ -243,23 +271,38 @@ def model_fields(spec, size, cfg):
     for f in common.ZERO_FIELDS:
         if f in known:
             fields.setdefault(f, 0.0)
+    train_known = {f.name for f in dataclasses.fields(common.train.TrainConfig)}
     for item in [i for i in cfg.overrides.split(',') if i]:
         key, _, value = item.partition('=')
-        if key not in known:
-            raise common.train.UserError(f"--overrides: model_{name}.py's Config has no field {key!r}")
-        fields[key] = value                                   # a string, parsed by train.py as its flags are
+        if key in known:
+            fields[key] = value                               # a string, parsed by train.py as its flags are
+        elif key not in train_known:
+            raise common.train.UserError(f"--overrides: {key!r} is neither a field of model_{name}.py's Config "
+                                         f"nor a train.py flag")
     return name, fields
 
 
-def train_variant(task, variant, spec, size, cfg, data_dir, out_dir):
+def train_overrides(cfg):
+    """--overrides' train.py fields (reset_every=16, ...) as train.py flags."""
+    train_known = {f.name for f in dataclasses.fields(common.train.TrainConfig)}
+    items = [i.partition('=') for i in cfg.overrides.split(',') if i]
+    return [f'--{k}={v}' for k, _, v in items if k in train_known]
+
+
+def train_steps(cfg):
+    return max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len * cfg.bptt_segments))
+
+
+def train_variant(task, variant, spec, size, cfg, data_dir, out_dir, seed):
     name, fields = model_fields(spec, size, cfg)
-    steps = max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len))
+    steps = train_steps(cfg)
     argv = [f'--model={name}', f'--data_dir={data_dir}', f'--out_dir={out_dir}', f'--device={cfg.device}',
             f'--batch_size={cfg.batch_size}', f'--max_iters={steps}', f'--learning_rate={cfg.learning_rate}',
             f'--warmup_iters={min(cfg.warmup_iters, steps // 10)}', f'--grad_clip={cfg.grad_clip}',
             f'--eval_interval={steps}', '--eval_tokens=2048', f'--log_interval={max(1, min(50, steps // 10))}',
-            '--reset_at_doc=True', f'--seed={cfg.seed}', f'--min_lr={cfg.min_lr}']
-    argv += [f'--{k}={v}' for k, v in fields.items()]
+            '--reset_at_doc=True', f'--seed={seed}', f'--min_lr={cfg.min_lr}',
+            f'--bptt_segments={cfg.bptt_segments}']
+    argv += [f'--{k}={v}' for k, v in fields.items()] + train_overrides(cfg)
     if Path(out_dir).exists():
         shutil.rmtree(out_dir)                           # a fresh run (train.py appends to log.jsonl)
     t0 = time.perf_counter()
@@ -270,21 +313,26 @@ def train_variant(task, variant, spec, size, cfg, data_dir, out_dir):
 @torch.no_grad()
 def score(model, episodes, T, device, ctx, reset_every_segment=False):
     """Teacher-forced accuracy of the answer tokens of equally long episodes [(tokens, targets)], memory carried
-    segment by segment from an empty memory (or emptied before every segment). -> (token accuracy, exact rate)"""
+    segment by segment from an empty memory (or emptied before every segment).
+    -> (token accuracy, exact rate, accuracy of each answer token in order: the places of a passkey)"""
     x = torch.as_tensor(np.stack([e[0] for e in episodes]), dtype=torch.long, device=device)    # (N, L)
     y = torch.as_tensor(np.stack([e[1] for e in episodes]), dtype=torch.long, device=device)    # (N, L)
     N = x.size(0)
     memory = model.init_memory(N, device)
     correct = torch.zeros(N, device=device)
+    hits = []                                                      # (N,) per answer token, in order
     for start in range(0, x.size(1), T):
         if reset_every_segment:
             memory = model.reset_memory(memory, torch.ones(N, dtype=torch.bool, device=device))
         with ctx:
             logits, _, memory, _ = model(x[:, start:start + T], memory)
         target = y[:, start:start + T]
-        correct += ((logits.argmax(-1) == target) & (target >= 0)).sum(1)
+        hit = (logits.argmax(-1) == target) & (target >= 0)
+        correct += hit.sum(1)
+        hits += [hit[:, i].float() for i in torch.nonzero((target >= 0).any(0)).flatten().tolist()]
     count = (y >= 0).sum(1)
-    return float(correct.sum() / count.sum()), float((correct == count).float().mean())
+    by_place = [float(h.mean()) for h in hits]
+    return float(correct.sum() / count.sum()), float((correct == count).float().mean()), by_place
 
 
 def eval_columns(task, cfg):
@@ -299,16 +347,16 @@ def evaluate_variant(task, out_dir, cfg, device, device_type):
     model.to(device).eval()
     ctx = common.autocast(device_type, common.train.resolve_dtype('auto', device_type))
     T = cfg.seg_len
-    acc, exact, acc_reset = {}, {}, {}
+    acc, exact, acc_reset, by_place = {}, {}, {}, {}
     for col in eval_columns(task, cfg):
         rng = np.random.default_rng(cfg.seed + col)          # the same episodes for every model
         if task == 'passkey':
             eps = [passkey_eval_episode(rng, col, T) for _ in range(cfg.eval_episodes)]
         else:
             eps = [pad_to(*sorting_episode(rng, col), T, PAD) for _ in range(cfg.eval_episodes)]
-        acc[str(col)], exact[str(col)] = score(model, eps, T, device, ctx)
-        acc_reset[str(col)], _ = score(model, eps, T, device, ctx, reset_every_segment=True)
-    return acc, exact, acc_reset
+        acc[str(col)], exact[str(col)], by_place[str(col)] = score(model, eps, T, device, ctx)
+        acc_reset[str(col)], _, _ = score(model, eps, T, device, ctx, reset_every_segment=True)
+    return acc, exact, acc_reset, by_place
 
 
 def final_aux(out_dir):
@@ -322,6 +370,37 @@ def final_aux(out_dir):
     return out
 
 
+def run_dir(cfg, task, variant, seed):
+    return Path(cfg.out_dir) / task / variant / f'seed{seed}'
+
+
+_WRITTEN = {}
+
+
+def task_data(task, cfg, seed):
+    """The task's training data for this seed (written once per seed and run, and read by every variant)."""
+    data_dir = Path(cfg.out_dir) / f'data-{task}-seed{seed}'
+    key = (data_dir.resolve(), json.dumps(dataclasses.asdict(cfg)))
+    if key not in _WRITTEN:
+        n_segments = train_steps(cfg) * cfg.bptt_segments
+        _WRITTEN[key] = write_task_data(task, data_dir, cfg, cfg.batch_size, n_segments, seed)
+    return _WRITTEN[key]
+
+
+def summarize(t, variant, per_seed):
+    """Per column: the mean over seeds (what the plot shows), the std, and every seed's value. A passkey variant
+    learned the in-window skill on a seed when its first column (in one segment) is >= 0.95."""
+    accs = {seed: r[0] for seed, r in per_seed.items()}
+    cols = list(next(iter(accs.values())))
+    t['accuracy'][variant] = {c: float(np.mean([a[c] for a in accs.values()])) for c in cols}
+    t['accuracy_std'][variant] = {c: float(np.std([a[c] for a in accs.values()])) for c in cols}
+    t['accuracy_seeds'][variant] = {str(seed): a for seed, a in accs.items()}
+    t['exact'][variant] = {c: float(np.mean([r[1][c] for r in per_seed.values()])) for c in cols}
+    t['accuracy_memory_emptied'][variant] = {c: float(np.mean([r[2][c] for r in per_seed.values()])) for c in cols}
+    t.setdefault('in_window_learned', {})[variant] = {str(seed): a[cols[0]] >= 0.95 for seed, a in accs.items()}
+    t.setdefault('accuracy_by_place', {})[variant] = {str(seed): r[3] for seed, r in per_seed.items()}
+
+
 def run(cfg, specs, size, argv=(), skipped=None):
     device, device_type = common.setup(cfg.device)
     W = cfg.seg_len + cfg.mem_len
@@ -330,13 +409,11 @@ def run(cfg, specs, size, argv=(), skipped=None):
     previous = json.loads(Path(cfg.out).read_text()) if cfg.rescore and Path(cfg.out).exists() else {}
     if previous:
         result['trained_by'] = previous.get('trained_by', previous.get('command'))
+    seeds = cfg.seed_list()
     for task in [t for t in cfg.tasks.split(',') if t]:
-        if not cfg.rescore:
-            n_segments = max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len))
-            data_dir = write_task_data(task, Path(cfg.out_dir) / f'data-{task}', cfg, cfg.batch_size, n_segments,
-                                       cfg.seed)
         cols = eval_columns(task, cfg)
-        t = {'columns': cols, 'accuracy': {}, 'exact': {}, 'accuracy_memory_emptied': {}, 'runs': {},
+        t = {'columns': cols, 'seeds': seeds, 'accuracy': {}, 'accuracy_std': {}, 'accuracy_seeds': {},
+             'exact': {}, 'accuracy_memory_emptied': {}, 'runs': {},
              'column_label': 'depth (tokens from KEY to ASK)' if task == 'passkey' else 'sequence length',
              'metric': 'digit accuracy' if task == 'passkey' else 'position accuracy',
              'chance': 0.1 if task == 'passkey' else 1 / N_SYMBOLS}
@@ -345,21 +422,27 @@ def run(cfg, specs, size, argv=(), skipped=None):
             t['window_reference'] = {f'{w} tokens': {str(L): window_reference(rng, L, w, n=300) for L in cols}
                                      for w in (cfg.seg_len, W)}
         for variant, spec in specs.items():
-            out_dir = Path(cfg.out_dir) / task / variant
-            if cfg.rescore:
-                if not (out_dir / 'ckpt.pt').exists():
-                    raise common.train.UserError(f"--rescore=True: no checkpoint at {out_dir / 'ckpt.pt'}; "
-                                                 "train first (the same command without --rescore)")
-                t['runs'][variant] = (previous.get('tasks', {}).get(task, {}).get('runs', {}).get(variant)
-                                      or {'final': final_aux(out_dir)})
-            else:
-                argv_train, seconds, steps = train_variant(task, variant, spec, size, cfg, data_dir, out_dir)
-                t['runs'][variant] = {'train_argv': argv_train, 'train_seconds': seconds, 'steps': steps,
-                                      'final': final_aux(out_dir)}
-            acc, exact, acc_reset = evaluate_variant(task, out_dir, cfg, device, device_type)
-            t['accuracy'][variant], t['exact'][variant], t['accuracy_memory_emptied'][variant] = acc, exact, acc_reset
-            print(f"{task} {variant}: " + ', '.join(f'{c}: {a:.2f}' for c, a in acc.items())
-                  + f"  (memory emptied: {', '.join(f'{a:.2f}' for a in acc_reset.values())})", flush=True)
+            per_seed = {}
+            for seed in seeds:
+                out_dir = run_dir(cfg, task, variant, seed)
+                if cfg.rescore:
+                    if not (out_dir / 'ckpt.pt').exists():
+                        raise common.train.UserError(f"--rescore=True: no checkpoint at {out_dir / 'ckpt.pt'}; "
+                                                     "train first (the same command without --rescore)")
+                    old = previous.get('tasks', {}).get(task, {}).get('runs', {}).get(variant, {})
+                    t['runs'].setdefault(variant, {})[str(seed)] = old.get(str(seed)) or {'final': final_aux(out_dir)}
+                else:
+                    data_dir = task_data(task, cfg, seed)
+                    argv_train, seconds, steps = train_variant(task, variant, spec, size, cfg, data_dir, out_dir, seed)
+                    t['runs'].setdefault(variant, {})[str(seed)] = {
+                        'train_argv': argv_train, 'train_seconds': seconds, 'steps': steps, 'final': final_aux(out_dir)}
+                per_seed[seed] = evaluate_variant(task, out_dir, cfg, device, device_type)
+                acc, _, acc_reset, by_place = per_seed[seed]
+                first = by_place[str(cols[0])]
+                print(f"{task} {variant} seed {seed}: " + ', '.join(f'{c}: {a:.2f}' for c, a in acc.items())
+                      + f"  (memory emptied: {', '.join(f'{a:.2f}' for a in acc_reset.values())}; by answer "
+                      f"token at {cols[0]}: {' '.join(f'{a:.2f}' for a in first[:N_SYMBOLS])})", flush=True)
+            summarize(t, variant, per_seed)
         result['tasks'][task] = t
         common.write_json(cfg.out, result, 'bench/recall.py', argv)   # after every task: partial results survive
     if not cfg.plot:
@@ -368,7 +451,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
         import plot
         plot.plot_recall(cfg.out, Path(cfg.out).with_suffix('.png'))
         for task in result['tasks']:
-            logs = [Path(cfg.out_dir) / task / v / 'log.jsonl' for v in specs]
+            logs = [run_dir(cfg, task, v, seeds[0]) / 'log.jsonl' for v in specs]      # the first seed's
             out = Path(cfg.out).with_name(f'{Path(cfg.out).stem}_{task}_loss.png')
             plot.plot_loss([p for p in logs if p.exists()], out, labels=[v for v, p in zip(specs, logs) if p.exists()])
     except plot.NoMatplotlib as e:

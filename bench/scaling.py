@@ -158,15 +158,8 @@ def run(cfg, specs, size, argv=(), skipped=None):
         print(f"{name}: points ready in {time.perf_counter() - t0:.0f} s", flush=True)
     if cfg.compile:
         for p in points:
-            p.compiled = torch.compile(p.model)
-    for r in range(cfg.warmup + cfg.steps):
-        t0 = time.perf_counter()
-        for p in points:
-            with common.Timer(device_type) as t:
-                p.step()
-            if r >= cfg.warmup:
-                p.times.append(t.seconds)
-        print(f"round {r + 1}/{cfg.warmup + cfg.steps}: {time.perf_counter() - t0:.1f} s", flush=True)
+            p.compiled = common.compile_model(p.model)
+    common.run_rounds(points, lambda p: p.step(), cfg.warmup, cfg.steps, device_type, 'scaling')
     for p in points:
         p.peak = peak_bytes(p, device_type)
 

@@ -8,10 +8,17 @@ the model's KV cache against recomputing the open window through forward().
     python bench/speed.py --device=cuda --batch_size=32     # a GPU
     python bench/speed.py --profile=lamemo                  # + torch.profiler tables of one eager fp32 step
     python bench/speed.py --size=demo --parts=train,eval --modes=eager   # step times at config/*_demo.py's size
+    python bench/speed.py --vocab=256 --parts=train --out=bench/results/speed_bytes.json   # byte level (enwik8)
 
 Background load from other processes moves absolute numbers, so everything runs in one process with the
 variants and modes interleaved round by round (each round runs one step of every entry), and we report medians
 over the timed rounds and ratios to the no-memory baseline measured in the same rounds.
+
+Each training entry also gets its FLOP ratio (the baseline's flops_per_token / the model's: the speed ratio a
+model would reach if every FLOP ran equally fast) and its achieved FLOP/s as a fraction of this machine's matmul
+peak in the same dtype, measured in the same process (a CPU "MFU"). At the GPT-2 vocabulary the output layer and
+its cross-entropy are most of every model's step; --vocab=256 measures where the memories do the work.
+Compiled modes compile every variant with dynamic=False (common.compile_model says why).
 """
 
 import dataclasses
@@ -37,6 +44,7 @@ MODES = {  # name: (compiled, autocast dtype)
 class SpeedConfig:
     variants: str = 'all'          # comma-separated names from common.variant_table(), or all
     size: str = 'matched'          # matched (issue 9's CPU size) or demo (config/*_demo.py's size)
+    vocab: int = 0                 # vocabulary size; 0 = the size's (GPT-2, 50304); 256 = byte level
     device: str = 'cpu'            # cpu, cuda, auto
     parts: str = 'train,eval,generate'   # what to measure (a subset runs faster)
     modes: str = 'eager,bf16,compile,compile_bf16'
@@ -54,6 +62,8 @@ class SpeedConfig:
     force_bf16: bool = False       # time the bf16 modes even on a CPU without native bf16 matmuls (hours)
 
     def __post_init__(self):
+        if self.vocab < 0:
+            raise ValueError(f"vocab must be >= 1 (or 0 for the size's vocabulary), got {self.vocab}")
         for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -110,35 +120,26 @@ class Entry:
             _, _, self.memory, _ = self.model(x, self.memory)
 
 
-def run_rounds(entries, step, warmup, steps, device_type, label):
-    """Round-robin: every round runs one step of every entry; the first `warmup` rounds are not timed."""
-    if not entries:
-        return
-    for r in range(warmup + steps):
-        t_round = time.perf_counter()
-        for e in entries:
-            with common.Timer(device_type) as t:
-                step(e)
-            if r >= warmup:
-                e.times.append(t.seconds)
-            elif r == 0:
-                e.first_step_s = t.seconds                    # includes compilation for compiled modes
-        print(f"{label} round {r + 1}/{warmup + steps}: {time.perf_counter() - t_round:.1f} s", flush=True)
-
-
-def summarise(entries):
-    """{variant: {mode: {tokens_per_s, step_s_median, first_step_s, ratio_to_baseline}}}"""
+def summarise(entries, flops=None, peak=None):
+    """{variant: {mode: {tokens_per_s, step_s_median, first_step_s, ratio_to_baseline, ratio_to_eager}}}; with
+    flops ({variant: flops_per_token}) and peak ({dtype: FLOP/s}) also flop_ratio (the baseline's FLOPs per token
+    / the variant's), ratio_over_flop_ratio (1 = as fast as its FLOPs allow, next to the baseline) and mfu."""
     out = {}
     for e in entries:
         t = common.median(e.times)
-        out.setdefault(e.variant, {})[e.mode] = {
+        r = out.setdefault(e.variant, {})[e.mode] = {
             'tokens_per_s': e.tokens / t, 'step_s_median': t, 'step_s': e.times,
             'first_step_s': getattr(e, 'first_step_s', None)}
+        if flops and peak:
+            r['mfu'] = flops[e.variant] * r['tokens_per_s'] / peak[MODES[e.mode][1]]
     base = out.get('baseline', {})
-    for modes in out.values():
+    for name, modes in out.items():
         for mode, r in modes.items():
             if mode in base:
                 r['ratio_to_baseline'] = r['tokens_per_s'] / base[mode]['tokens_per_s']
+                if flops and 'baseline' in flops:
+                    r['flop_ratio'] = flops['baseline'] / flops[name]
+                    r['ratio_over_flop_ratio'] = r['ratio_to_baseline'] / r['flop_ratio']
         if 'eager' in modes:
             for mode, r in modes.items():
                 r['ratio_to_eager'] = r['tokens_per_s'] / modes['eager']['tokens_per_s']
@@ -241,6 +242,23 @@ def profile_step(entry, path):
     print(f"wrote {path}")
 
 
+def matmul_peak(device, device_type, dtypes, n=1024, reps=10):
+    """This machine's matmul FLOP/s per dtype: the median of reps (n, n) @ (n, n) products (2 n^3 FLOPs each),
+    the denominator of the CPU MFU. {dtype name: FLOP/s}"""
+    out = {}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        a @ b
+        times = []
+        for _ in range(reps):
+            with common.Timer(device_type) as t:
+                a @ b
+            times.append(t.seconds)
+        out[name] = 2 * n ** 3 / common.median(times)
+    return out
+
+
 def bf16_matmul_check(c, batch_size, device, device_type, reps=5):
     """Seconds of one (B*T, d_model) @ (d_model, d_inner) matmul in float32 and in bfloat16. CPUs without native
     bf16 (no AVX512-BF16 / AMX: oneDNN reports no bf16 support) fall back to a scalar kernel that is tens of times
@@ -282,9 +300,10 @@ def run(cfg, specs, size, argv=(), skipped=None):
     for name, spec in specs.items():
         model, _ = common.build(spec, **size)
         model.to(device).train()
-        models[name] = (model, torch.compile(model) if any(MODES[m][0] for m in modes) else None,
+        models[name] = (model, common.compile_model(model) if any(MODES[m][0] for m in modes) else None,
                         make_optimizer(model, device_type))
     n_params = {name: sum(p.numel() for p in m.parameters()) for name, (m, _, _) in models.items()}
+    flops = {name: m.flops_per_token() for name, (m, _, _) in models.items()}
     bf16_check, bf16_skipped = None, None
     if any(MODES[m][1] == 'bfloat16' for m in modes + eval_modes):       # only when a bf16 mode is asked for
         config = next(iter(models.values()))[0].config
@@ -296,11 +315,11 @@ def run(cfg, specs, size, argv=(), skipped=None):
                       cfg.batch_size) for mode in mode_list for name, (m, c, opt) in models.items()]
 
     train_entries = entries(modes)
-    run_rounds(train_entries, Entry.train_step, cfg.warmup, cfg.steps, device_type, 'train')
+    common.run_rounds(train_entries, Entry.train_step, cfg.warmup, cfg.steps, device_type, 'train')
     for m, _, _ in models.values():
         m.eval()
     eval_entries = entries(eval_modes)
-    run_rounds(eval_entries, Entry.eval_step, min(cfg.warmup, 2), cfg.steps, device_type, 'eval')
+    common.run_rounds(eval_entries, Entry.eval_step, min(cfg.warmup, 2), cfg.steps, device_type, 'eval')
     for m, _, _ in models.values():
         m.train()
     for name in [n for n in cfg.profile.split(',') if n]:
@@ -308,12 +327,14 @@ def run(cfg, specs, size, argv=(), skipped=None):
             m, _, opt = models[name]
             profile_step(Entry(name, 'eager', m, m, opt, 'float32', device, device_type, cfg.batch_size),
                          Path(cfg.out).with_name(f'profile_{name}.txt'))
-    train_result, eval_result = summarise(train_entries), summarise(eval_entries)
+    peak = matmul_peak(device, device_type, sorted({MODES[m][1] for m in modes})) if modes else {}
+    train_result, eval_result = summarise(train_entries, flops, peak), summarise(eval_entries)
     del models, train_entries, eval_entries                       # free the weights before generation
     generation = bench_generation(specs, size, cfg, device, device_type) if 'generate' in parts else {}
 
     result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
-              'device': device, 'n_params': n_params, 'bf16_matmul': bf16_check, 'bf16_skipped': bf16_skipped,
+              'device': device, 'n_params': n_params, 'flops_per_token': flops, 'matmul_peak_flops': peak,
+              'bf16_matmul': bf16_check, 'bf16_skipped': bf16_skipped,
               'train': train_result, 'eval': eval_result, 'generate': generation}
     result['targets'] = check_targets(result)
     common.write_json(cfg.out, result, 'bench/speed.py', argv)
@@ -339,6 +360,15 @@ def check_targets(result):
                       for mode, r in modes.items() if 'ratio_to_baseline' in r})
         if 'compile_bf16' in modes and 'eager' in modes:
             t['compile_bf16_vs_eager>=1.8'] = modes['compile_bf16']['ratio_to_eager'] >= 1.8
+        if name != 'baseline' and 'ratio_over_flop_ratio' in modes.get('eager', {}):   # issue 20
+            t['eager_vs_flop_ratio>=0.9'] = modes['eager']['ratio_over_flop_ratio'] >= 0.9
+        base = result['train'].get('baseline', {})
+        for compiled, plain in (('compile', 'eager'), ('compile_bf16', 'bf16')):
+            if compiled in modes and plain in modes:
+                gain = modes[compiled]['tokens_per_s'] / modes[plain]['tokens_per_s']
+                t[f'{compiled}_vs_{plain}>=1'] = gain >= 1.0
+                if name != 'baseline' and compiled in base and plain in base:
+                    t[f'{compiled}_gain>=baseline'] = gain >= base[compiled]['tokens_per_s'] / base[plain]['tokens_per_s']
         if name in result['generate']:
             t['generate_cache>=5x'] = result['generate'][name]['speedup'] >= 5
         out[name] = t
@@ -347,10 +377,11 @@ def check_targets(result):
 
 def print_table(result):
     modes = list(next(iter(result['train'].values())).keys()) if result['train'] else []
-    print("\ntraining tokens/s (ratio to baseline) | eval tokens/s | generation cached / recompute")
+    print("\ntraining tokens/s (ratio to baseline / FLOP ratio, MFU) | eval tokens/s | generation cached / recompute")
     for name in dict.fromkeys(list(result['train']) + list(result['eval']) + list(result['generate'])):
         r = result['train'].get(name, {})
-        cells = ' '.join(f"{m} {r[m]['tokens_per_s']:,.0f} ({r[m].get('ratio_to_baseline', float('nan')):.2f})"
+        cells = ' '.join(f"{m} {r[m]['tokens_per_s']:,.0f} ({r[m].get('ratio_to_baseline', float('nan')):.2f} / "
+                         f"{r[m].get('flop_ratio', float('nan')):.2f}, {r[m].get('mfu', float('nan')):.1%})"
                          for m in modes if m in r)
         ev = ' '.join(f"{m} {v['tokens_per_s']:,.0f}" for m, v in result['eval'].get(name, {}).items())
         g = result['generate'].get(name)
@@ -364,7 +395,7 @@ def print_table(result):
 
 def main(argv=None):
     common.cli(argv, SpeedConfig, run, table=lambda cfg: common.variant_table(**common.SIZES[cfg.size][1]),
-               size=lambda cfg: common.SIZES[cfg.size][0])
+               size=lambda cfg: {**common.SIZES[cfg.size][0], **({'vocab_size': cfg.vocab} if cfg.vocab else {})})
 
 
 if __name__ == '__main__':

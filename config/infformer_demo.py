@@ -1,7 +1,8 @@
 """CPU demo: a small ∞-former on the offline Gutenberg corpus, the same size and budget as config/xl_demo.py
 (4 layers, d_model 128, 4 heads of 32, segment 64, STM 64, 8 streams, 1000 steps), plus a long-term memory of
-N = 150 Gaussian RBFs per layer with the paper's language-modelling settings (widths 0.005 and 0.01, τ = 0.5,
-λ = 0.5, M = 150 samples, KL weight 1e-6 toward σ₀ = 0.05). --sticky=True adds sticky memories (§3.3).
+N = 150 Gaussian RBFs per layer with the authors' language-modelling settings (widths 0.005 and 0.01, τ = 0.5,
+λ = 0.5, KL weight 1e-6 toward σ₀ = 0.05) and M = N = 150 samples (their code fixes M = 512, their N).
+--sticky=True adds sticky memories (§3.3).
 
     python train.py config/infformer_demo.py --eval_tokens=0
     python train.py config/infformer_demo.py --eval_only=True --eval_tokens=0 --ltm=False   # same weights, no LTM

@@ -3,8 +3,9 @@ distribution over 20 symbols that drifts along the sequence (p = α p₀ + (1 �
 by the symbols sorted by decreasing frequency; the model must output that order. Sequences of 4,000, 8,000 or
 16,000 tokens; a 3-layer transformer (6 heads of 50, d_model 300, d_inner 300) reads them in segments of 1,024
 with an STM of 1,024 and an LTM of N basis functions (the paper: N = 1,024; the run script: 512), the synthetic
-basis widths {0.01, 0.05}, τ = 0.75, ridge λ = 1, M = 512 samples, the CNN gate, KL 1e-6 toward σ₀ = 0.05; Adam
-2e-4, 20,000 steps of 8 sequences.
+basis widths {0.01, 0.05}, τ = 0.75, ridge λ = 1, M = 512 samples (sorting/long_term_attention.py:72-78), the
+CNN gate, KL 1e-6 toward σ₀ = 0.05; Adam 2e-4, 20,000 steps of 8 sequences. Their sorting code floors σ² at 1e-6,
+ours at 1e-4 (their language-modelling value), and empties the LTM at each new sequence (reset_memory here).
 
 Used by bench/ (the data and the accuracy metric live there, not in train.py): a reader takes the model fields
 below (the names of model_infformer.Config) and the training fields (seq_len, n_symbols, max_iters, batch_size,

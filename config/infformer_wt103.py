@@ -1,10 +1,12 @@
 """∞-former on WikiText-103 trained from scratch, the paper's §4.2 setting: Transformer-XL base (16 layers,
 d_model 410, 10 heads of 41, d_inner 2100, segment 150, STM 150) plus a long-term memory of N = 150 Gaussian RBFs
 per layer, with the authors' language-modelling basis widths {0.005, 0.01}, τ = 0.5 and ridge λ = 0.5 (their
-finetune_gpt2 long_term_attention.py), M = 150 samples, the CNN gate, and the KL regulariser toward σ₀ = 0.05 with
-weight 1e-6 (their run scripts). Optimisation as config/xl_wt103.py (Adam 2.5e-4, cosine over 200k steps, clip
-0.25, 60 streams per step). Not checked against the paper's appendix C.2 (the repository's copy of the paper lost
-it): τ, λ and M come from the authors' code.
+finetune_gpt2 long_term_attention.py), the CNN gate, and the KL regulariser toward σ₀ = 0.05 with weight 1e-6
+(their README's --kl_m; the KL is summed over layers as theirs). M = 150 samples: their code fixes M = 512, equal to
+their GPT-2 runs' N and L, so here M = N = L. Optimisation as config/xl_wt103.py (Adam 2.5e-4, cosine over 200k
+steps, clip 0.25, 60 streams per step). Not checked against the paper's appendix C.2 (the repository's copy of the
+paper lost it): τ and λ come from the authors' code. Their GPT-2 runs also empty the LTM every 2,048 tokens (the
+paper's "memory threshold"): --ltm_reset_len=2048.
 Differences from the paper: GPT-2 BPE tokens with a full softmax instead of the word vocabulary with adaptive
 input/softmax (compare word-level perplexity).
 
@@ -32,6 +34,7 @@ n_samples = 150
 sticky = False
 sticky_bins = 128
 cnn_gate = True
+ltm_reset_len = 0       # the authors' GPT-2 runs: 2048 (long_term_attention.py mem_threshold)
 kl_weight = 1e-6
 sigma_0 = 0.05
 batch_size = 60

@@ -79,10 +79,11 @@ def eval_set(data, meta, split, tokenizer):
 class StreamLoader:
     """Rows [first_stream, first_stream + batch_size) of n_streams contiguous streams over a token file.
     get(position) returns the segment number `position` of every row (wrapping around at the end of an epoch),
-    with the mask of rows whose memory must be emptied before it (epoch start; document start if asked)."""
+    with the mask of rows whose memory must be emptied before it (epoch start; document start if asked; every
+    reset_every segments if asked)."""
 
-    def __init__(self, data, n_streams, first_stream, batch_size, seg_len, doc_starts=None):
-        self.data, self.seg_len, self.doc_starts = data, seg_len, doc_starts
+    def __init__(self, data, n_streams, first_stream, batch_size, seg_len, doc_starts=None, reset_every=0):
+        self.data, self.seg_len, self.doc_starts, self.reset_every = data, seg_len, doc_starts, reset_every
         stream_len = (len(data) - 1) // n_streams
         self.n_segments = stream_len // seg_len                   # per stream per epoch (the tail is dropped)
         if self.n_segments < 1:
@@ -95,7 +96,8 @@ class StreamLoader:
         offsets = self.starts + seg * self.seg_len                                  # (B,)
         index = offsets[:, None] + np.arange(self.seg_len + 1)[None, :]             # (B, T+1)
         chunk = torch.from_numpy(self.data[index].astype(np.int64))
-        reset = np.full(len(offsets), seg == 0 and position > 0)
+        every = bool(self.reset_every) and position % self.reset_every == 0
+        reset = np.full(len(offsets), (seg == 0 or every) and position > 0)
         if self.doc_starts is not None:
             lo = np.searchsorted(self.doc_starts, offsets, side='left')
             hi = np.searchsorted(self.doc_starts, offsets + self.seg_len, side='left')

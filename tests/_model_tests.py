@@ -1,7 +1,9 @@
 """Helpers shared by the tests of the model files (tests/test_xl.py, test_lamemo.py, test_compressive.py,
 test_infini.py, test_infformer.py): token batches, segment-by-segment forwards carrying the memory, float
 comparisons, the sinusoid R written on its own, and the training loop of the loss-goes-down tests."""
+import contextlib
 import math
+import sys
 
 import torch
 
@@ -76,15 +78,35 @@ def train_on_repeated_pattern(model, steps, batch_size=4, period=13, record='los
     return losses
 
 
-def assert_greedy_generate_matches_forward(model, prompt, n_new, memory, start, seg, rng_seed=None):
+@contextlib.contextmanager
+def recording_sample_next(model, logits_seen):
+    """Within it, the logits model.generate() picks each token from (its model file's sample_next gets them) are
+    appended to logits_seen."""
+    module = sys.modules[type(model).__module__]
+    sample_next = module.sample_next
+
+    def recording(logits, *args):
+        logits_seen.append(logits)
+        return sample_next(logits, *args)
+
+    module.sample_next = recording
+    try:
+        yield
+    finally:
+        module.sample_next = sample_next
+
+
+def assert_greedy_generate_matches_forward(model, prompt, n_new, memory, start, seg, rng_seed=None, logits_atol=None):
     """generate(temperature=0) streams every new token to its callback and picks the argmax of forward()'s logits
     over the whole sequence, read segment by segment from the memory `start`. rng_seed: reseed before both, for a
-    model whose memory update draws random numbers (the ∞-former's sticky memories)."""
+    model whose memory update draws random numbers (the ∞-former's sticky memories). logits_atol: also compare the
+    logits generate() picked from (those its model file's sample_next got) with forward()'s, to that tolerance."""
     B, P = prompt.shape
-    streamed = []
+    streamed, picked_from = [], []
     if rng_seed is not None:
         torch.manual_seed(rng_seed)
-    out = model.generate(prompt, n_new, temperature=0.0, memory=memory, callback=streamed.append)
+    with contextlib.nullcontext() if logits_atol is None else recording_sample_next(model, picked_from):
+        out = model.generate(prompt, n_new, temperature=0.0, memory=memory, callback=streamed.append)
     assert out.shape == (B, P + n_new) and torch.equal(out[:, :P], prompt)
     assert len(streamed) == n_new and all(t.shape == (B, 1) for t in streamed)
     assert torch.equal(torch.cat(streamed, dim=1), out[:, P:])               # the callback got every token
@@ -93,6 +115,8 @@ def assert_greedy_generate_matches_forward(model, prompt, n_new, memory, start, 
     with torch.no_grad():
         logits, _ = run_segments(model, out, start, seg)
     assert torch.equal(logits[:, P - 1:-1].argmax(-1), out[:, P:])
+    if logits_atol is not None:
+        assert_close(torch.stack(picked_from, dim=1), logits[:, P - 1:-1], atol=logits_atol, rtol=0)
     return out
 
 
@@ -110,3 +134,26 @@ def assert_sampled_generate_matches_forward(model, prompt, n_new, memory, start,
             logits, _ = run_segments(model, out[:, :P + k], start, seg)
             assert torch.equal(sample_next(logits[:, -1], 1.0)[:, 0], out[:, P + k]), k
     return out
+
+
+def assert_bf16_forward_backward(model, float32_fields, seg_len=4, all_grads=True):
+    """Three segments under CPU bf16 autocast with the loss: autocast is really on (bf16 logits), the named memory
+    fields stay float32, the summed loss is finite, and backward gives finite gradients to float32 weights (every
+    weight with all_grads; otherwise those that get one)."""
+    idx = tokens(2, 3 * seg_len + 1)
+    memory = model.init_memory(2, 'cpu')
+    total = 0
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        for start in range(0, 3 * seg_len, seg_len):
+            logits, loss, memory, _ = model(idx[:, start:start + seg_len], memory,
+                                            targets=idx[:, start + 1:start + seg_len + 1])
+            assert logits.dtype == torch.bfloat16                                   # autocast is really on
+            for name in float32_fields:
+                assert getattr(memory, name).dtype == torch.float32, name
+            total = total + loss
+    assert torch.isfinite(total)
+    total.backward()
+    grads = [(n, p) for n, p in model.named_parameters() if all_grads or p.grad is not None]
+    assert grads
+    for name, p in grads:
+        assert p.dtype == torch.float32 and p.grad is not None and torch.isfinite(p.grad).all(), name

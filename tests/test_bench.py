@@ -80,11 +80,42 @@ def test_speed_smoke(variant, tmp_path):
         # recomputing the window through forward() picks the cached generate()'s greedy tokens
         assert r['generate'][n]['same_greedy_tokens'], n
     assert r['train']['baseline']['eager']['ratio_to_baseline'] == 1.0
+    for n in names:                     # the FLOP ratio and the MFU from the models' own flops_per_token
+        e = r['train'][n]['eager']
+        assert e['flop_ratio'] == pytest.approx(r['flops_per_token']['baseline'] / r['flops_per_token'][n])
+        assert e['ratio_over_flop_ratio'] == pytest.approx(e['ratio_to_baseline'] / e['flop_ratio'])
+        assert e['mfu'] == pytest.approx(r['flops_per_token'][n] * e['tokens_per_s'] / r['matmul_peak_flops']['float32'])
+        assert 0 < e['mfu'] < 1.5
     assert r['bf16_matmul']['bf16_slowdown'] > 0 and r['bf16_skipped'] is None     # measured; forced: not dropped
     assert 'command' in r and 'date' in r
     plot.table([tmp_path / 'speed.json'])          # the README's markdown
     if variant == 'xl' and has_matplotlib():
         assert plot.plot_speed(tmp_path / 'speed.json', tmp_path / 'speed.png').stat().st_size > 1000
+
+
+def test_speed_vocab_flag_sets_the_vocabulary(tmp_path, capsys):
+    """--vocab=256 measures at byte level: every variant is built with a 256-token output layer."""
+    out = tmp_path / 'speed.json'
+    speed.main(['--variants=baseline', '--vocab=256', '--size=demo', '--parts=train', '--modes=eager', '--warmup=0',
+                '--steps=1', '--batch_size=1', f'--out={out}', '--plot=False'])
+    r = json.loads(out.read_text())
+    assert r['size']['vocab_size'] == 256 and r['size']['n_embd'] == common.DEMO_SIZE['n_embd']
+    with pytest.raises(SystemExit):
+        speed.main(['--vocab=-1'])
+    assert 'vocab must be' in capsys.readouterr().err
+
+
+def test_benchmarks_compile_with_static_shapes(monkeypatch):
+    """speed.py and scaling.py compile through common.compile_model, which asks for dynamic=False: a second model
+    of one file with another memory shape must get its own static graph, not an automatic dynamic one."""
+    calls = []
+    monkeypatch.setattr(torch, 'compile', lambda model, **kw: calls.append(kw) or model)
+    model, _ = common.build(TINY_VARIANTS['xl'])
+    assert common.compile_model(model) is model and calls == [{'dynamic': False}]
+    import inspect
+    for module in (speed, scaling):
+        source = inspect.getsource(module)
+        assert 'common.compile_model(' in source and 'torch.compile(' not in source
 
 
 def test_slow_bf16_modes_are_dropped_with_a_reason():
@@ -173,6 +204,52 @@ def test_overrides_set_a_config_field_of_the_variants_that_have_it():
         recall.RecallConfig(overrides='gate_lr_mult')
 
 
+def test_overrides_pass_train_flags_to_train_py():
+    """A train.py field in --overrides reaches train.py's argv (not the model's Config); bptt_segments has its own
+    flag because it also packs the episodes."""
+    cfg = recall.RecallConfig(overrides='gate_init=-2,reset_every=16')
+    _, fields = recall.model_fields(TINY_VARIANTS['infini_linear'], {}, cfg)
+    assert fields['gate_init'] == '-2' and 'reset_every' not in fields
+    assert recall.train_overrides(cfg) == ['--reset_every=16']
+    with pytest.raises(common.train.UserError, match='neither'):
+        recall.model_fields(TINY_VARIANTS['xl'], {}, recall.RecallConfig(overrides='no_such_flag=1'))
+    with pytest.raises(ValueError, match='--bptt_segments'):
+        recall.RecallConfig(overrides='bptt_segments=4')
+    assert recall.train_steps(recall.RecallConfig(tokens=64 * 16 * 100, bptt_segments=4)) == 25
+
+
+@pytest.mark.parametrize('task', ['passkey', 'sorting'])
+def test_episodes_do_not_cross_a_bptt_window_and_the_curriculum_starts_inside(task, tmp_path):
+    """With bptt_segments = k every episode of at most k segments lies inside one window of k segments (so the
+    graph train.py keeps holds all of it), and with curriculum = 0.5 the first half of every stream holds
+    in-window episodes only (evidence and question or answer in one segment)."""
+    T, k, n_segments = 32, 4, 48
+    cfg = recall.RecallConfig(seg_len=T, mem_len=16, bptt_segments=k, curriculum=0.5, inside_fraction=0.0,
+                              max_depth_factor=2.0, lengths='16,100')
+    d = recall.write_task_data(task, tmp_path, cfg, n_streams=2, n_segments=n_segments, seed=0)
+    tokens = np.fromfile(d / 'train.bin', dtype=np.uint16)
+    starts = np.load(d / 'train_docs.npy').tolist() + [2 * n_segments * T]
+    question = recall.ASK if task == 'passkey' else recall.SEP
+    answer_len = 6 if task == 'passkey' else recall.N_SYMBOLS + 1
+    long_first_half, spans_later, checked = 0, [], 0
+    for a, b in zip(starts[:-1], starts[1:]):
+        asks = np.flatnonzero(tokens[a:b] == question)
+        if len(asks) == 0:
+            continue                                              # cut by the end of its stream
+        end = a + asks[0] + answer_len                            # one past the episode's last answer token
+        if -(-(end - a) // T) <= k:
+            assert a // (k * T) == (end - 1) // (k * T), (a, end)  # one window
+            checked += 1
+        first_half = a % (n_segments * T) < n_segments * T // 2
+        long_first_half += first_half and a // T != (end - 1) // T
+        if not first_half:
+            spans_later.append((end - 1) // T - a // T)
+    assert checked > 10
+    assert long_first_half <= 1            # at most the episode that straddles the half
+    assert max(spans_later) > 0            # afterwards: evidence segments back (inside_fraction = 0)
+    assert len(tokens) == 2 * n_segments * T + 1
+
+
 def test_sorting_answer_is_decreasing_frequency():
     rng = np.random.default_rng(0)
     body, targets = recall.sorting_episode(rng, 500)
@@ -209,25 +286,54 @@ def test_recall_smoke(variant, tmp_path):
         t = r['tasks'][task]
         acc = t['accuracy'][variant]
         assert set(acc) == {'16', '40'} and all(0 <= a <= 1 for a in acc.values())
-        assert t['runs'][variant]['steps'] == 1024 // (2 * 32)
-        assert 'train/loss' in t['runs'][variant]['final']
+        run = t['runs'][variant][str(cfg.seed)]
+        assert run['steps'] == 1024 // (2 * 32) and '--bptt_segments=1' in run['train_argv']
+        assert 'train/loss' in run['final']
+        assert t['accuracy_std'][variant] == {'16': 0.0, '40': 0.0}           # one seed
         if variant == 'baseline':                   # no memory: emptying it changes nothing
             assert t['accuracy_memory_emptied'][variant] == acc
     plot.table([tmp_path / 'recall.json'])
     if variant == 'xl' and has_matplotlib():
         assert plot.plot_recall(tmp_path / 'recall.json', tmp_path / 'recall.png').stat().st_size > 1000
     if variant == 'xl':                             # --rescore: the same checkpoints at other depths, no training
-        before = (tmp_path / 'runs' / 'passkey' / variant / 'ckpt.pt').stat().st_mtime_ns
+        ckpt = recall.run_dir(cfg, 'passkey', variant, cfg.seed) / 'ckpt.pt'
+        before = ckpt.stat().st_mtime_ns
         recall.run(dataclasses.replace(cfg, rescore=True, depths='16,24,40', tasks='passkey'),
                    {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
         again = json.loads((tmp_path / 'recall.json').read_text())['tasks']['passkey']
-        assert (tmp_path / 'runs' / 'passkey' / variant / 'ckpt.pt').stat().st_mtime_ns == before
+        assert ckpt.stat().st_mtime_ns == before
         assert set(again['accuracy'][variant]) == {'16', '24', '40'}
         assert again['accuracy'][variant]['40'] == r['tasks']['passkey']['accuracy'][variant]['40']
         assert again['runs'][variant] == r['tasks']['passkey']['runs'][variant]
         with pytest.raises(common.train.UserError, match='no checkpoint'):
             recall.run(dataclasses.replace(cfg, rescore=True, out_dir=str(tmp_path / 'none')),
                        {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
+
+
+def test_recall_seeds_are_averaged_and_bptt_reaches_train_py(tmp_path):
+    """--seeds=1,2 trains the variant once per seed (its own data and checkpoint), reports the mean and std of the
+    seeds' accuracies; --bptt_segments and --overrides' train fields reach train.py."""
+    cfg = recall.RecallConfig(tasks='passkey', tokens=2048, batch_size=2, seg_len=32, mem_len=16, depths='16,40',
+                              eval_episodes=4, out_dir=str(tmp_path / 'runs'), out=str(tmp_path / 'recall.json'),
+                              plot=False, seeds='1,2', bptt_segments=2, overrides='reset_every=2')
+    recall.run(cfg, {'infini_linear': TINY_VARIANTS['infini_linear']}, {'seg_len': 32})
+    t = json.loads((tmp_path / 'recall.json').read_text())['tasks']['passkey']
+    per_seed = t['accuracy_seeds']['infini_linear']
+    assert set(per_seed) == {'1', '2'} and set(t['runs']['infini_linear']) == {'1', '2'}
+    for c in ('16', '40'):
+        values = [per_seed[s][c] for s in ('1', '2')]
+        assert t['accuracy']['infini_linear'][c] == pytest.approx(np.mean(values))
+        assert t['accuracy_std']['infini_linear'][c] == pytest.approx(np.std(values))
+    for seed in ('1', '2'):             # the 5 digits' accuracies, whose mean is the column's accuracy
+        for c in ('16', '40'):
+            places = t['accuracy_by_place']['infini_linear'][seed][c]
+            assert len(places) == 5 and np.mean(places) == pytest.approx(per_seed[seed][c])
+    argv = t['runs']['infini_linear']['1']['train_argv']
+    assert '--bptt_segments=2' in argv and '--reset_every=2' in argv and '--seed=1' in argv
+    assert t['runs']['infini_linear']['1']['steps'] == 2048 // (2 * 32 * 2)
+    for seed in (1, 2):
+        assert (recall.run_dir(cfg, 'passkey', 'infini_linear', seed) / 'ckpt.pt').exists()
+    plot.table([tmp_path / 'recall.json'])
 
 
 def test_diagnose_weights_reproduce_the_infini_memory_read():

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import model_xl
 from _model_tests import (F64, V, assert_greedy_generate_matches_forward, assert_sampled_generate_matches_forward,
                           differs, run_segments, tokens, train_on_repeated_pattern)
+from _model_tests import assert_bf16_forward_backward
 from model_infformer import (Config, Memory, Model, attention_histogram, evaluate_basis, expected_basis,
                              counter_uniforms, gaussian_basis, ridge_matrix, ridge_positions, sample_next,
                              sample_sticky_points)
@@ -184,8 +185,9 @@ def test_ltm_write_equals_reference(sticky):
     c = model.config
     memory = random_memory(model, 4, length=[10, 10, 10, 10], pending=[4, 4, 6, 3], written=[1, 0, 1, 1])
     due = model.long_term.due(memory)
-    write, slots, written = due
-    assert write.tolist() == [True, True, True, False] and written.tolist() == [1, 1, 1, 1]
+    write, slots, grow, written = due
+    assert write.tolist() == [True, True, True, False] and grow.tolist() == [True, False, True, True]
+    assert written.tolist() == [5, 4, 5, 1]                                          # vectors the LTM holds
     basis_mu, basis_sigma = gaussian_basis(10, c.widths)
     gate = model.layers[1].attn.ltm.gate
     got = model.long_term.write(1, memory, due, gate_of(model, 1))
@@ -231,7 +233,7 @@ def test_ltm_written_when_vectors_leave_the_stm():
         for s in range(5):
             _, _, memory, _ = model(tokens(2, 4, seed=s), memory)
             flags.append(memory.ltm_written.tolist())
-        assert [f[0] for f in flags] == [int(s >= first_written) for s in range(5)], (mem_len, flags)
+        assert [f[0] > 0 for f in flags] == [s >= first_written for s in range(5)], (mem_len, flags)
 
 
 @pytest.mark.parametrize('mem_len', [3, 0])
@@ -244,7 +246,7 @@ def test_every_vector_leaving_the_stm_is_written_once_in_order(mem_len):
     memory = model.init_memory(1, 'cpu')
     taken, pos = [], 0
     for T in (4, 2, 3, 1, 4, 4, 2, 1, 3, 4, 4, 2, 1, 1):
-        write, slots, _ = model.long_term.due(memory)
+        write, slots, _, _ = model.long_term.due(memory)
         if write[0]:
             taken.append(memory.mem[0, 0, slots[0]])
         _, _, memory, _ = model(idx[:, pos:pos + T], memory)
@@ -286,7 +288,7 @@ def test_ltm_term_is_masked_before_anything_was_written():
 def test_different_ltm_content_changes_logits_and_ltm_off_ignores_it():
     model = make_model()
     _, memory = run_segments(model, tokens(2, 24, seed=3), model.init_memory(2, 'cpu'), 4)
-    assert memory.ltm_written.tolist() == [1, 1]
+    assert (memory.ltm_written > 0).all()
     other = Memory(**{**memory.__dict__, 'ltm_B': memory.ltm_B.flip(1)})   # the rows swap their LTMs
     idx = tokens(2, 4, seed=9)
     a, _, _, _ = model(idx, memory)
@@ -341,13 +343,39 @@ def test_kl_loss_is_in_the_loss_and_matches_formula():
     for h in hooks:
         h.remove()
     s = torch.stack(captured) / 0.04                                   # σ² / σ₀², (L, B, H, T)
-    kl = (0.5 * (s - torch.log(s) - 1)).mean()
+    kl = (0.5 * (s - torch.log(s) - 1)).mean(dim=(1, 2, 3)).sum()      # summed over layers, as the authors' code
     torch.testing.assert_close(aux['kl_loss'], kl)
     lm = F.cross_entropy(logits.view(-1, V), idx[:, 9:13].reshape(-1))
     torch.testing.assert_close(loss, lm + 0.1 * kl)
     # nothing written yet: no KL term
     _, loss, _, aux = model(idx[:, :4], model.init_memory(2, 'cpu'), targets=idx[:, 1:5])
     assert aux['kl_loss'].item() == 0.0 and torch.equal(loss, aux['lm_loss'])
+
+
+@pytest.mark.parametrize('sticky', [False, True])
+def test_ltm_reset_len_empties_the_ltm_before_the_next_write(sticky):
+    """ltm_reset_len (the authors' mem_threshold): a row whose LTM holds that many vectors starts its next write from
+    an empty LTM, so the new LTM is the fit of the new vectors alone (Eq. 5) whatever the old one held; below the
+    threshold nothing changes."""
+    model = make_model(seg_len=4, mem_len=4, ltm_reset_len=8, sticky=sticky)
+    idx = tokens(2, 28)
+    memory, counts, before = model.init_memory(2, 'cpu'), [], []
+    for s in range(7):
+        before.append(memory)
+        _, _, memory, _ = model(idx[:, 4 * s:4 * s + 4], memory)
+        counts.append(memory.ltm_written.tolist())
+    assert counts == [[n, n] for n in (0, 0, 4, 8, 4, 8, 4)]          # vectors held: emptied at 8, then 4 written
+    model.config.ltm_reset_len = 0
+    torch.testing.assert_close(model(idx[:, 12:16], before[3])[2].ltm_B, before[4].ltm_B, atol=0, rtol=0)   # 4 < 8
+    kept_logits, _, kept, _ = model(idx[:, 16:20], before[4])        # without the reset the old signal stays
+    model.config.ltm_reset_len = 8
+    logits, _, after, _ = model(idx[:, 16:20], before[4])            # 8 held: this write starts from empty
+    noise = torch.randn(before[4].ltm_B.shape, generator=torch.Generator().manual_seed(3), dtype=F64)
+    junk = Memory(**{**before[4].__dict__, 'ltm_written': torch.zeros(2, dtype=torch.long), 'ltm_B': noise})
+    junk_logits, _, from_junk, _ = model(idx[:, 16:20], junk)        # an empty LTM (written 0) with junk in B
+    torch.testing.assert_close(logits, junk_logits, atol=0, rtol=0)
+    torch.testing.assert_close(after.ltm_B, from_junk.ltm_B, atol=0, rtol=0)
+    assert differs(after.ltm_B, kept.ltm_B) and differs(logits, kept_logits)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -377,7 +405,7 @@ def test_reset_memory_row_equals_fresh_stream():
     for name, value in memory.__dict__.items():
         row = value[:, 0:1] if value.dim() >= 3 else value[0:1]         # (L, B, ...) or (B,)
         torch.testing.assert_close(row, getattr(fresh, name).to(value.dtype), msg=name)
-    assert memory.ltm_written[1] == 1 and memory.ltm_B[:, 1].abs().sum() > 0
+    assert memory.ltm_written[1] > 0 and memory.ltm_B[:, 1].abs().sum() > 0
     idx = tokens(2, 12, seed=8)
     torch.manual_seed(0)
     out, _ = run_segments(model, idx, memory, 4)
@@ -413,7 +441,7 @@ def test_torch_compile_compiles_once():
         with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():   # (train.py's test: backward)
             for s in range(4):                                          # LTM empty, then written: no recompile
                 _, loss, memory, _ = compiled(idx[:, 4 * s:4 * s + 4], memory, targets=idx[:, 4 * s + 1:4 * s + 5])
-        assert memory.ltm_written.tolist() == [1, 1]
+        assert (memory.ltm_written > 0).all()
         assert counters['stats']['unique_graphs'] == 1, dict(counters['stats'])
     finally:
         torch._dynamo.reset()
@@ -455,14 +483,8 @@ def test_generate_rejects_empty_prompt():
 
 def test_bf16_autocast_forward_backward():
     model = make_model(dtype=torch.float32, sticky=True).train()
-    memory = model.init_memory(2, 'cpu')
-    idx = tokens(2, 13)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        for s in range(3):
-            _, loss, memory, _ = model(idx[:, 4 * s:4 * s + 4], memory, targets=idx[:, 4 * s + 1:4 * s + 5])
-    loss.backward()
-    assert memory.ltm_B.dtype == torch.float32 and memory.mem.dtype == torch.float32
-    assert torch.isfinite(loss) and model.layers[0].attn.ltm.key_net.weight.grad is not None
+    assert_bf16_forward_backward(model, ['ltm_B', 'mem'], all_grads=False)
+    assert model.layers[0].attn.ltm.key_net.weight.grad is not None
 
 
 def test_loss_goes_down_on_repeated_pattern():
@@ -482,7 +504,8 @@ def test_loss_goes_down_on_repeated_pattern():
 @pytest.mark.parametrize('bad', [dict(n_basis=15, basis_widths='0.1,0.2'), dict(basis_widths='a,b'),
                                  dict(basis_widths='0.1,-1'), dict(tau=1.0), dict(tau=0.0), dict(ridge_lambda=0.0),
                                  dict(n_samples=0), dict(sticky_bins=0), dict(kl_weight=-1.0), dict(sigma_0=0.0),
-                                 dict(n_basis=2, basis_widths='0.1,0.2'), dict(mem_len=-1)])
+                                 dict(n_basis=2, basis_widths='0.1,0.2'), dict(mem_len=-1),
+                                 dict(ltm_reset_len=-1)])
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
         Config(**bad)

@@ -207,6 +207,37 @@ def test_delta_update_equals_per_token_reference():
     assert differs(linear_M, memory_update(sigma(k), v, M, z, has_memory, 'delta')[0])
 
 
+def test_sigma_is_elu_plus_one_and_never_zero():
+    """σ equals ELU + 1 (float64 reference), stays > 0 far below x = -17 where
+    F.elu(x) + 1 rounds to 0 in float32, and its gradient is exp(x) / 1 on each side."""
+    x = torch.linspace(-15, 10, 4001, dtype=torch.float32)     # float64's elu + 1 is exact to ~1e-10 here
+    ref = torch.nn.functional.elu(x.double()) + 1.0
+    assert_close(sigma(x).double(), ref, atol=0, rtol=1e-6)
+    assert (torch.nn.functional.elu(torch.tensor([-20.0])) + 1.0).item() == 0.0      # the trap being avoided
+    far = torch.tensor([-20.0, -40.0, -1e4, -float('inf')])
+    assert (sigma(far) > 0).all() and torch.isfinite(sigma(far)).all()
+    x = torch.tensor([-3.0, 0.5], requires_grad=True)
+    sigma(x).sum().backward()
+    assert_close(x.grad, torch.tensor([math.exp(-3.0), 1.0]))
+
+
+def test_retrieval_of_a_very_negative_query_is_finite():
+    """A query with every coordinate at -50 (σ(q) at its floor) reads a finite value from a written memory: the
+    σ-weighted mean of the values, with no 0/0 (float32, as the model runs it)."""
+    D = 4
+    g = torch.Generator().manual_seed(3)
+    k, v = torch.randn(1, 1, 6, D, generator=g), torch.randn(1, 1, 6, D, generator=g)
+    yes = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+    M, z = memory_update(sigma(k), v, torch.zeros(1, 1, D, D), torch.zeros(1, 1, D), ~yes, 'linear')
+    q = torch.full((1, 1, 1, D), -50.0, requires_grad=True)
+    out = memory_retrieve(sigma(q), M, z, yes)
+    assert torch.isfinite(out).all()
+    assert_close(out[0, 0, 0], (sigma(k)[0, 0].sum(-1, keepdim=True) * v[0, 0]).sum(0) / sigma(k).sum(), rtol=1e-4,
+                 atol=1e-5)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
 @pytest.mark.parametrize('rule', ['linear', 'delta'])
 def test_delta_memory_returns_a_stored_value_once_written(rule):
     """What sets delta apart: writing the same (key, value) again changes nothing when M already returns v for it.

@@ -16,6 +16,7 @@ import model_xl
 from _model_tests import (F64, V, assert_close, assert_greedy_generate_matches_forward,
                           assert_sampled_generate_matches_forward, differs, run_segments, sinusoid, tokens,
                           train_on_repeated_pattern)
+from _model_tests import assert_bf16_forward_backward
 from model_lamemo import Config, Memory, Model, future_position_scores, lookahead_merge, sample_next
 
 
@@ -39,6 +40,28 @@ def xl_twin(model):
 def refreshed_states(model, idx, memory):
     """The open segment (model_lamemo.OpenSegment) after the first tokens idx (B, T) of a segment, without dropout."""
     return model._open_segment(model.word_emb(idx), memory)[1]
+
+
+def memory_inputs(model, idx, memory):
+    """m^l (B, M, C), the memory input of every layer l, for the segment whose first tokens are idx (B, T): the
+    stored m^0, then what each layer's refresh (Block.refresh) hands to the next."""
+    inputs = [memory.mem[0]]
+
+    def recording(refresh):
+        def wrapped(*args):
+            out = refresh(*args)
+            inputs.append(out[0])
+            return out
+        return wrapped
+
+    for layer in model.layers[:-1]:                              # the last layer refreshes nothing
+        layer.refresh = recording(layer.refresh)
+    try:
+        refreshed_states(model, idx, memory)
+    finally:
+        for layer in model.layers[:-1]:
+            del layer.refresh
+    return inputs
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -195,11 +218,11 @@ def test_memory_input_of_upper_layers_is_refreshed_by_the_tokens_on_its_right(mo
     with torch.no_grad():
         _, _, memory, _ = model(a, model.init_memory(2, 'cpu'))
         _, _, xl_memory, _ = xl(a, xl.init_memory(2, 'cpu'))
-        base = refreshed_states(model, b, memory).mem_in
+        base = memory_inputs(model, b, memory)
         M, j = 6, 4                                             # slots 2..5 valid; window = slots 3..5 + first token
         perturbed = Memory(**{**memory.__dict__, 'mem': memory.mem.clone()})
         perturbed.mem[0, :, j] += torch.randn(2, 16, generator=torch.Generator().manual_seed(0), dtype=F64)
-        perturbed_in = refreshed_states(model, b, perturbed).mem_in
+        perturbed_in = memory_inputs(model, b, perturbed)
     changed0 = [differs(perturbed_in[0][:, i], base[0][:, i]) for i in range(M)]
     assert changed0 == [i == j for i in range(M)]
     changed1 = [differs(perturbed_in[1][:, i], base[1][:, i]) for i in range(2, M)]
@@ -209,7 +232,7 @@ def test_memory_input_of_upper_layers_is_refreshed_by_the_tokens_on_its_right(mo
     assert differs(base[1][:, valid], xl_memory.mem[1][:, valid])
     monkeypatch.setattr(model_lamemo, 'lookahead_merge', lambda old_vec, old_lse, new_vec, new_lse: (old_vec, old_lse))
     with torch.no_grad():
-        merge_off = refreshed_states(model, b, memory).mem_in
+        merge_off = memory_inputs(model, b, memory)
     assert_close(merge_off[1][:, valid], xl_memory.mem[1][:, valid], atol=1e-12, rtol=0)
 
 
@@ -441,19 +464,7 @@ def test_generate_rejects_empty_prompt():
 
 def test_bf16_autocast_forward_backward():
     model = make_model(dtype=torch.float32, dropout=0.1, dropatt=0.1).train()
-    idx = tokens(2, 13)
-    memory = model.init_memory(2, 'cpu')
-    total = 0
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        for start in (0, 4, 8):
-            logits, loss, memory, _ = model(idx[:, start:start + 4], memory, targets=idx[:, start + 1:start + 5])
-            assert memory.attn_vec.dtype == torch.float32 and memory.attn_lse.dtype == torch.float32
-            assert logits.dtype == torch.bfloat16
-            total = total + loss
-    assert torch.isfinite(total)
-    total.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert_bf16_forward_backward(model, ['attn_vec', 'attn_lse'])
 
 
 def test_loss_goes_down_on_repeated_pattern():

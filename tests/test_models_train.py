@@ -207,6 +207,11 @@ def test_eval_reset_memory_evaluates_without_memory(data_dir, tmp_path):
         loss[key] = train.train(flags(data_dir, out, values, eval_only=True, **extra))['loss']
     assert loss['reset'] == pytest.approx(loss['none'], abs=1e-6)
     assert abs(loss['reset'] - loss['memory']) > 1e-3
+    # --reset_every=1 empties it before every segment too; --reset_every=k (> the segments a row reads) never
+    loss['every 1'] = train.train(flags(data_dir, out, values, eval_only=True, reset_every=1))['loss']
+    loss['every 1000'] = train.train(flags(data_dir, out, values, eval_only=True, reset_every=1000))['loss']
+    assert loss['every 1'] == pytest.approx(loss['none'], abs=1e-6)
+    assert loss['every 1000'] == pytest.approx(loss['memory'], abs=1e-6)
 
 
 # -----------------------------------------------------------------------------------------------------------

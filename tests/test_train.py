@@ -471,18 +471,20 @@ def test_resume_is_exact_for_another_memory_type(standin, tmp_path):
     assert_identical(comparable(load(straight / 'ckpt.pt')), comparable(load(split / 'ckpt.pt')))
 
 
-@pytest.mark.parametrize('reset_at_doc', [False, True])
-def test_memory_is_reset_at_epoch_wrap_and_document_starts(reset_at_doc, standin, tmp_path):
+@pytest.mark.parametrize('reset_at_doc,reset_every', [(False, 0), (True, 0), (False, 3), (True, 4)])
+def test_memory_is_reset_at_epoch_wrap_and_document_starts(reset_at_doc, reset_every, standin, tmp_path):
     """2 streams of 40 tokens = 5 segments of 8 each. Documents start at 16 (row 0, segment 2) and 64 (row 1,
-    segment 3). A row's memory must be empty exactly when its segment begins the epoch again, or (reset_at_doc)
-    a new document; never at the very first step (it is empty already)."""
+    segment 3). A row's memory must be empty exactly when its segment begins the epoch again, (reset_at_doc) a
+    new document, or (reset_every = k) every k segments read; never at the very first step (it is empty already)."""
     tokens = np.arange(81) % 251
     data = write_dataset(tmp_path / 'data', tokens, tokens[:40], doc_starts=[0, 16, 40, 64])
-    train.train(flags(data, tmp_path / 'out', STANDIN, batch_size=2, max_iters=12, reset_at_doc=reset_at_doc))
+    train.train(flags(data, tmp_path / 'out', STANDIN, batch_size=2, max_iters=12, reset_at_doc=reset_at_doc,
+                      reset_every=reset_every))
     seen, expected_seen, expected_resets = np.zeros(2, dtype=int), [], []
     for position in range(12):
         seg = position % 5
-        reset = np.array([seg == 0 and position > 0] * 2)
+        every = reset_every > 0 and position % reset_every == 0
+        reset = np.array([(seg == 0 or every) and position > 0] * 2)
         if reset_at_doc:
             reset |= np.array([seg == 2, seg == 3])
         if reset.any():

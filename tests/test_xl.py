@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from _model_tests import (F64, V, assert_close, assert_greedy_generate_matches_forward,
                           assert_sampled_generate_matches_forward, differs, run_segments, sinusoid, tokens,
                           train_on_repeated_pattern)
+from _model_tests import assert_bf16_forward_backward
 from model_xl import Config, Memory, Model, rel_shift, sample_next
 
 
@@ -522,20 +523,7 @@ def test_forward_rejects_segment_longer_than_seg_len():
 @pytest.mark.parametrize('use_sdpa', [True, False])
 def test_bf16_autocast_forward_backward(use_sdpa):
     model = make_model(dtype=torch.float32, use_sdpa=use_sdpa, dropout=0.1, seg_len=4, mem_len=6).train()
-    idx = tokens(2, 13)
-    memory = model.init_memory(2, 'cpu')
-    total = 0
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        for start in (0, 4, 8):
-            logits, loss, memory, aux = model(idx[:, start:start + 4], memory, targets=idx[:, start + 1:start + 5])
-            assert memory.mem.dtype == torch.float32
-            assert logits.dtype == torch.bfloat16                # autocast is really on
-            total = total + loss
-    assert torch.isfinite(total)
-    total.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), name
-        assert p.dtype == torch.float32
+    assert_bf16_forward_backward(model, ['mem'])
 
 
 # -----------------------------------------------------------------------------------------------------------

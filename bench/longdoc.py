@@ -1,0 +1,567 @@
+"""
+Loss by position in the document (issue 16): does a model's memory make the later tokens of a long document
+cheaper than the early ones, and by how much more than a model without memory? For any checkpoints, in one command:
+
+    python bench/longdoc.py --runs=xl:out-xl-s1,out-xl-s2,out-xl-s3 --runs=baseline:out-base-s1,out-base-s2 \\
+        --baseline=baseline --split=validation
+
+--runs=LABEL:RUN,RUN,... (repeat the flag, or separate groups with ';'): a RUN is an out_dir holding --ckpt
+(ckpt.pt) or the path of a checkpoint file; the runs under one label are seeds of one model and are averaged. A
+group without 'LABEL:' is labelled by its first run's directory name. --baseline names the label every other one
+is compared with ('' = the first label).
+
+What is read. The checkpoints' dataset (train_config data_dir, else data/<dataset>; --data_dir overrides it), split
+--split (validation, test, or validation,test for the documents of both): <split>.bin and <split>_docs.npy, the
+token offset where each document starts. Every run must read the same data (same tokens, same positions); the
+tokenizer a checkpoint was trained on must be the one the data's meta.json names. Each document is read from its
+start with the memory emptied there: documents go in parallel rows (--batch_size of them), each fed seg_len tokens
+at a time with the memory carried; when a row's document ends, the rest of that segment is padding (ignored) and
+the row takes the next document (longest first) with its memory emptied (model.reset_memory). Every token of
+every document after its first is predicted exactly once, from exactly the tokens of its own document before it;
+position p is the index in its document of the predicted token (p >= 1; the first token has no context and is not
+scored). --max_tokens_per_doc reads only the first N tokens of every document (quick runs), --max_docs the first N
+documents. Eval mode, no gradient; --eval_mem_len gives a model that has mem_len another memory length (as
+train.py --eval_only --mem_len=... does: the weights are the same).
+
+Buckets of position (--buckets=64,256,1024,4096 -> [0,64) [64,256) [256,1024) [1024,4096) [4096,end)). Per run,
+per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all documents; and where
+meta.json names the tokenizer, bits per character (bpc; bits per byte, bpb, on GPT-2 tokens): total bits / total
+bytes of text the predicted tokens spell (end-of-document tokens spell 0 bytes).
+
+Standard errors. The tokens of one document are correlated (same text, same author, same names), so the token
+count overstates the information: the standard error is taken across documents. The bucket mean is a ratio,
+R = sum_d S_d / sum_d n_d (S_d: the document's summed NLL in the bucket, n_d its tokens there; for bpc, S_d in bits
+and n_d its bytes), i.e. the mean of the per-document means S_d / n_d weighted by n_d. Its standard error treats
+the D documents that have tokens in the bucket as independent draws (the ratio estimator's linearisation, a
+cluster-robust standard error with documents as clusters):
+    se(R)^2 = D / (D - 1) * sum_d (S_d - R n_d)^2 / (sum_d n_d)^2
+(None with fewer than 2 documents). With 4 documents it is itself a rough estimate: read it as a scale, not as a
+precise interval. A label with several seeds: the per-document sums are averaged over its seeds first (every seed
+reads the same documents), so its mean is the mean of the seeds' means and its standard error is across documents
+as above; separately, seed_std is the standard deviation (ddof 1) of the seeds' bucket means (training noise:
+every seed reads the same documents). The difference of a label to the baseline is paired by document: R on
+S_d = S_d(label) - S_d(baseline) with the same n_d, so the documents' shared difficulty cancels; its se is the
+formula above on those differences, seed_se = sqrt(seed_std_label^2 / seeds_label + seed_std_base^2 /
+seeds_base) (None unless both have 2+ seeds) and se_total = sqrt(se^2 + seed_se^2): the uncertainty of an
+architecture's difference over other documents and other training seeds.
+
+Output: the tables (printed), bench/results/longdoc[_NAME].json (--name; --out overrides the path) with per run
+and per label the bucket rows and the per-document sums (so other statistics can be computed), and a plot (.png
+next to the JSON): the loss against log position (bucket midpoints, error bars: se across documents), and each
+label's difference to the baseline (error bars: se_total).
+
+Caveat: the sticky ∞-former (sticky=True) draws its memory's sample points from per-row random numbers, so its
+per-document numbers depend on which row read the document (every other model's do not: tests/test_longdoc.py).
+"""
+
+import dataclasses
+import heapq
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import train  # noqa: E402
+
+SPLITS = ('train', 'validation', 'test')
+
+
+@dataclass
+class LongDocConfig:
+    runs: str = ''                    # LABEL:RUN,RUN,... (repeat --runs, or ';' between groups); RUN: out_dir or ckpt
+    baseline: str = ''                # the label the others are compared with; '' = the first label
+    ckpt: str = 'ckpt.pt'             # the checkpoint file inside an out_dir
+    split: str = 'validation'         # validation, test, or validation,test (the documents of both)
+    data_dir: str = ''                # '' = the data the checkpoints were trained on
+    buckets: str = '64,256,1024,4096'  # bucket edges of the position in the document
+    max_tokens_per_doc: int = 0       # read only the first N tokens of every document; 0 = the whole document
+    max_docs: int = 0                 # only the first N documents of the split(s); 0 = all
+    batch_size: int = 8               # documents read in parallel (rows)
+    eval_mem_len: int = -1            # -1 = the model's own mem_len (only for models with a mem_len)
+    device: str = 'auto'              # auto = cuda, then mps, then cpu
+    dtype: str = 'auto'               # auto = bfloat16 on CUDA, float32 elsewhere (as train.py evaluates)
+    name: str = ''                    # results in bench/results/longdoc_<name>.json ('' = longdoc.json)
+    out: str = ''                     # the JSON path ('' = from --name); the plot goes next to it (.png)
+    plot: bool = True
+
+    def __post_init__(self):
+        for name in ('max_tokens_per_doc', 'max_docs'):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.max_tokens_per_doc == 1:
+            raise ValueError("max_tokens_per_doc must be 0 (whole documents) or >= 2 (one predicted token)")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.eval_mem_len < -1:
+            raise ValueError(f"eval_mem_len must be >= 0 (or -1 for mem_len), got {self.eval_mem_len}")
+        if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        for s in self.split.split(','):
+            if s not in SPLITS:
+                raise ValueError(f"split must be validation, test (or train), comma-separated, got {self.split!r}")
+
+    def out_path(self):
+        if self.out:
+            return Path(self.out)
+        return common.RESULTS / (f'longdoc_{self.name}.json' if self.name else 'longdoc.json')
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Flags: --runs may be repeated
+
+
+def gather_runs_flags(argv):
+    """train.py's parser keeps the last of a repeated flag: join every --runs=... into one (groups split by ';')."""
+    groups = [a.split('=', 1)[1] for a in argv if a.startswith('--runs=')]
+    rest = [a for a in argv if not a.startswith('--runs=')]
+    return rest + ([f"--runs={';'.join(groups)}"] if groups else [])
+
+
+def parse_runs(value):
+    """'xl:a,b;base:c' -> {'xl': ['a', 'b'], 'base': ['c']} (insertion order). A group without 'LABEL:' gets the
+    name of its first run's directory."""
+    labels = {}
+    for group in value.split(';'):
+        group = group.strip()
+        if not group:
+            continue
+        label, sep, paths = group.partition(':')
+        if not sep or '/' in label or not label:
+            label, paths = None, group
+        paths = [p for p in paths.split(',') if p]
+        if not paths:
+            raise train.UserError(f"--runs: the label {label!r} has no runs (write LABEL:OUT_DIR,OUT_DIR,...)")
+        label = label or Path(paths[0]).name
+        if label in labels:
+            raise train.UserError(f"--runs: the label {label!r} is given twice")
+        labels[label] = paths
+    seen = [p for paths in labels.values() for p in paths]
+    twice = [p for p in seen if seen.count(p) > 1]
+    if twice:
+        raise train.UserError(f"--runs: {twice[0]} is given twice")
+    if not labels:
+        raise train.UserError("--runs is required: --runs=LABEL:OUT_DIR,OUT_DIR,... (one out_dir or ckpt per seed)")
+    return labels
+
+
+def parse_buckets(value):
+    edges = common.int_list(value, 'buckets')
+    if any(e < 1 for e in edges) or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise train.UserError(f"--buckets takes increasing positive edges, got {value!r}")
+    return edges
+
+
+def bucket_names(edges):
+    bounds = [0] + list(edges)
+    return [f'[{a},{b})' for a, b in zip(bounds, bounds[1:])] + [f'[{bounds[-1]},end)']
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Data and checkpoints
+
+
+@dataclass
+class Docs:
+    """The documents to read: the split's tokens and each document's [start, start + length) (capped)."""
+    data_dir: Path
+    split: str
+    tokens: list                      # per document: its tokens (np.ndarray, int64), capped at max_tokens_per_doc
+    sources: list                     # per document: (split, index in the split, start offset, full length)
+    byte_lengths: np.ndarray = None   # bytes of text per token id (None: meta.json names no tokenizer)
+    unit: str = None                  # 'bpc' or 'bpb' (None without byte lengths)
+    tokenizer: dict = None            # meta.json's tokenizer, as a checkpoint stores it
+
+
+def read_docs(data_dir, split, max_tokens_per_doc=0, max_docs=0):
+    """The documents of the split(s) (comma-separated) in data_dir. -> Docs"""
+    data_dir = Path(data_dir)
+    meta = train.load_meta(data_dir)
+    tokenizer = train.data_tokenizer(meta)
+    tokens, sources, evalset = [], [], None
+    for s in split.split(','):
+        data = train.load_split(data_dir, s)
+        docs_path = data_dir / f'{s}_docs.npy'
+        if not docs_path.exists():
+            raise train.UserError(f"no document offsets at {docs_path} (the dataset's prepare.py writes them)")
+        starts = np.load(docs_path).astype(np.int64)
+        if len(starts) == 0 or starts[0] != 0 or np.any(np.diff(starts) <= 0) or starts[-1] >= max(len(data), 1):
+            raise train.UserError(f"{docs_path} is not ascending offsets from 0 into {s}.bin ({len(data)} tokens)")
+        ends = np.append(starts[1:], len(data))
+        for i, (a, b) in enumerate(zip(starts, ends)):
+            n = int(b - a) if not max_tokens_per_doc else min(int(b - a), max_tokens_per_doc)
+            tokens.append(np.asarray(data[a:a + n], dtype=np.int64))
+            sources.append((s, i, int(a), int(b - a)))
+        evalset = train.eval_set(data, meta, s, tokenizer)
+    if max_docs:
+        tokens, sources = tokens[:max_docs], sources[:max_docs]
+    if sum(max(0, len(t) - 1) for t in tokens) == 0:
+        raise train.UserError(f"nothing to predict: the {split} documents of {data_dir} have one token or fewer")
+    return Docs(data_dir, split, tokens, sources, evalset.byte_lengths, evalset.unit if evalset.byte_lengths
+                is not None else None, tokenizer.describe() if tokenizer is not None else None)
+
+
+def checkpoint_path(run, ckpt_name):
+    path = Path(run)
+    return path if path.is_file() else path / ckpt_name
+
+
+def run_data_dir(ckpt, cfg):
+    tc = ckpt['train_config']
+    return Path(cfg.data_dir or tc.get('data_dir') or train.REPO / 'data' / tc['dataset'])
+
+
+def load_model(ckpt, path, cfg, docs):
+    """The checkpoint's model (eval mode), after checking it reads these data. -> (model, config)"""
+    if docs.tokenizer is not None and ckpt.get('tokenizer', docs.tokenizer) != docs.tokenizer:
+        raise train.UserError(f"{path} was trained on {ckpt['tokenizer']['tokenizer']} tokens, but {docs.data_dir} "
+                              f"holds {docs.tokenizer['tokenizer']} tokens")
+    overrides = {}
+    if cfg.eval_mem_len != -1:
+        if 'mem_len' not in ckpt['model_config']:
+            raise train.UserError(f"--eval_mem_len: {path} holds a {ckpt['model_name']!r} model, whose config "
+                                  f"has no mem_len")
+        overrides['mem_len'] = cfg.eval_mem_len
+    _, config, model = train.model_from_checkpoint(ckpt, path, overrides)
+    biggest = max(int(t.max()) for t in docs.tokens if len(t))
+    if biggest >= config.vocab_size:
+        raise train.UserError(f"{docs.data_dir} has token {biggest}, beyond {path}'s vocab_size={config.vocab_size}")
+    return model.eval(), config
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Reading the documents
+
+
+def n_segments(length, seg_len):
+    """Segments that predict positions 1 ... length - 1 of a document of `length` tokens."""
+    return max(0, math.ceil((length - 1) / seg_len))
+
+
+def schedule(lengths, seg_len, batch_size):
+    """Which documents each row reads, in order: longest first, each to the row that frees first (ties: the lower
+    row). -> (rows: list of lists of document indices, total steps)"""
+    order = sorted((i for i, n in enumerate(lengths) if n_segments(n, seg_len)), key=lambda i: -lengths[i])
+    n_rows = max(1, min(batch_size, len(order)))
+    free = [(0, r) for r in range(n_rows)]
+    rows = [[] for _ in range(n_rows)]
+    for i in order:
+        t, r = heapq.heappop(free)
+        rows[r].append(i)
+        heapq.heappush(free, (t + n_segments(lengths[i], seg_len), r))
+    return rows, max(t for t, _ in free)
+
+
+@torch.no_grad()
+def document_nll(model, docs_tokens, seg_len, batch_size, device, ctx=None, progress=None):
+    """Per-token NLL (nats) of every document read from its start with an empty memory, documents in parallel rows.
+    docs_tokens: list of int arrays. -> list of float64 arrays, nll[d][p - 1] = NLL of token p of document d
+    (p = 1 ... len - 1)."""
+    from contextlib import nullcontext
+    lengths = [len(t) for t in docs_tokens]
+    rows, n_steps = schedule(lengths, seg_len, batch_size)
+    B, T = len(rows), seg_len
+    out = [np.full(max(0, n - 1), np.nan) for n in lengths]
+    was_training = model.training
+    model.eval()
+    memory = model.init_memory(B, device)
+    current = [None] * B                    # per row: [document, next segment] or None when the row is done
+    queue = [list(r) for r in rows]
+    bar = progress(total=n_steps) if progress else None
+    for step in range(n_steps):
+        x = torch.zeros(B, T, dtype=torch.long)
+        reset = torch.zeros(B, dtype=torch.bool)
+        spans = []                          # (row, document, first predicted position, count)
+        for b in range(B):
+            if current[b] is not None and current[b][1] == n_segments(lengths[current[b][0]], T):
+                current[b] = None
+            if current[b] is None and queue[b]:
+                current[b] = [queue[b].pop(0), 0]
+                reset[b] = True
+            if current[b] is None:
+                continue                    # this row has no document left: padding, ignored
+            d, k = current[b]
+            a = k * T
+            n = min(T, lengths[d] - 1 - a)  # inputs a ... a + n - 1 predict positions a + 1 ... a + n
+            x[b, :n] = torch.from_numpy(docs_tokens[d][a:a + n])
+            spans.append((b, d, a + 1, n))
+            current[b][1] += 1
+        if step > 0 and reset.any():
+            memory = model.reset_memory(memory, reset.to(device))
+        with (ctx or nullcontext()):
+            logits, _, memory, _ = model(x.to(device), memory)
+        targets = torch.full((B, T), -1, dtype=torch.long)                          # -1: padding, ignored
+        for b, d, p, n in spans:
+            targets[b, :n] = torch.from_numpy(docs_tokens[d][p:p + n])
+        nll = F.cross_entropy(logits.float().view(B * T, -1), targets.to(device).view(-1), ignore_index=-1,
+                              reduction='none').view(B, T).double().cpu().numpy()
+        for b, d, p, n in spans:
+            if not np.isnan(out[d][p - 1:p - 1 + n]).all():
+                raise RuntimeError(f"document {d}: positions {p} ... {p + n - 1} predicted twice")
+            out[d][p - 1:p - 1 + n] = nll[b, :n]
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    model.train(was_training)
+    assert not any(np.isnan(o).any() for o in out), "a position was not predicted"
+    return out
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Statistics
+
+
+def bucket_sums(nlls, docs_tokens, edges, byte_lengths=None):
+    """Per document and bucket: summed NLL, token count, byte count. -> three (D, K) float64 arrays (K = buckets)"""
+    K = len(edges) + 1
+    S, N, Y = (np.zeros((len(nlls), K)) for _ in range(3))
+    for d, (nll, tokens) in enumerate(zip(nlls, docs_tokens)):
+        pos = np.arange(1, len(nll) + 1)
+        k = np.searchsorted(edges, pos, side='right')
+        S[d] = np.bincount(k, weights=nll, minlength=K)
+        N[d] = np.bincount(k, minlength=K)
+        if byte_lengths is not None:
+            Y[d] = np.bincount(k, weights=byte_lengths[tokens[1:len(nll) + 1]], minlength=K)
+    return S, N, Y
+
+
+def ratio_stats(S, W, present):
+    """The ratio R = sum_d S_d / sum_d W_d per column and its standard error across the documents `present` in the
+    column (see the module docstring). S, W, present: (D, K). -> (R, se): lists of floats or None."""
+    means, ses = [], []
+    for k in range(S.shape[1]):
+        m = present[:, k]
+        s, w = S[m, k], W[m, k]
+        if w.sum() <= 0:
+            means.append(None)
+            ses.append(None)
+            continue
+        R = s.sum() / w.sum()
+        D = int(m.sum())
+        means.append(float(R))
+        ses.append(float(math.sqrt(D / (D - 1) * ((s - R * w) ** 2).sum()) / w.sum()) if D > 1 else None)
+    return means, ses
+
+
+def std(values):
+    values = [v for v in values if v is not None]
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def summarize_label(sums, unit):
+    """sums: the runs' (S, N, Y) of one label -> per bucket: mean, se, seed_std (nll and, with a unit, bits)."""
+    S = np.mean([s for s, _, _ in sums], axis=0)
+    N, Y = sums[0][1], sums[0][2]
+    present = N > 0
+    rows = [dict() for _ in range(N.shape[1])]
+    quantities = [('nll', [s for s, _, _ in sums], S, N)]
+    if unit:
+        quantities.append((unit, [s / math.log(2) for s, _, _ in sums], S / math.log(2), Y))
+    for key, per_run, mean_sums, weights in quantities:
+        mean, se = ratio_stats(mean_sums, weights, present)
+        per_seed = [ratio_stats(s, weights, present)[0] for s in per_run]
+        for k, row in enumerate(rows):
+            row[key], row[key + '_se'] = mean[k], se[k]
+            row[key + '_seed_std'] = std([p[k] for p in per_seed])
+    for k, row in enumerate(rows):
+        row['tokens'], row['documents'] = int(N[:, k].sum()), int(present[:, k].sum())
+    return rows, S
+
+
+def difference(label_S, base_S, N, Y, label_rows, base_rows, n_label, n_base, unit):
+    """Per bucket: label minus baseline, paired by document. -> list of dicts diff_<q>, diff_<q>_se, _seed_se,
+    _se_total for q = nll (and the unit)."""
+    present = N > 0
+    rows = [dict() for _ in range(N.shape[1])]
+    quantities = [('nll', 1.0, N)] + ([(unit, 1 / math.log(2), Y)] if unit else [])
+    for key, scale, weights in quantities:
+        mean, se = ratio_stats((label_S - base_S) * scale, weights, present)
+        for k, row in enumerate(rows):
+            sa, sb = label_rows[k][key + '_seed_std'], base_rows[k][key + '_seed_std']
+            seed_se = math.sqrt(sa ** 2 / n_label + sb ** 2 / n_base) if sa is not None and sb is not None else None
+            row[f'diff_{key}'], row[f'diff_{key}_se'] = mean[k], se[k]
+            row[f'diff_{key}_seed_se'] = seed_se
+            row[f'diff_{key}_se_total'] = (math.sqrt(se[k] ** 2 + seed_se ** 2) if se[k] is not None
+                                           and seed_se is not None else se[k])
+    return rows
+
+
+def midpoints(edges, max_position):
+    """Geometric midpoints of the buckets' positions (the first starts at 1, the last ends at the largest
+    position read), for the log-position plot."""
+    bounds = [1] + list(edges) + [max_position + 1]
+    return [math.sqrt(max(a, 1) * max(b, a + 1)) for a, b in zip(bounds, bounds[1:])]
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Output
+
+
+def fmt(v, f='.4f', signed=False):
+    return '–' if v is None else f"{v:{'+' if signed else ''}{f}}"
+
+
+def tables(result):
+    names, unit, baseline = result['bucket_names'], result['unit'], result['baseline']
+    labels = result['labels']
+    head = lambda first: [f"| {first} | seeds | " + ' | '.join(names) + ' |', '|---|---|' + '---|' * len(names)]
+    counts = next(iter(labels.values()))['buckets']
+    count_row = ('| tokens (documents) | | ' + ' | '.join(f"{r['tokens']:,} ({r['documents']})" for r in counts)
+                 + ' |')
+    out = []
+    for key, title in [('nll', 'mean NLL per token (nats)')] + ([(unit, unit)] if unit else []):
+        out += ['', f"{title} ± s.e. across documents [std across seeds]"] + head('label') + [count_row]
+        for label, lab in labels.items():
+            cells = [f"{fmt(r[key])} ± {fmt(r[key + '_se'])}" + (f" [{fmt(r[key + '_seed_std'])}]"
+                     if r[key + '_seed_std'] is not None else '') for r in lab['buckets']]
+            out.append(f"| {label} | {len(lab['runs'])} | " + ' | '.join(cells) + ' |')
+    for key, title in [('nll', 'nats')] + ([(unit, unit)] if unit else []):
+        out += ['', f"difference to {baseline} ({title}; negative = better) ± s.e. across documents (paired) "
+                    f"[s.e. over seeds]"] + head('label')
+        for label, lab in labels.items():
+            if label == baseline:
+                continue
+            cells = [f"{fmt(r[f'diff_{key}'], signed=True)} ± {fmt(r[f'diff_{key}_se'])}"
+                     + (f" [{fmt(r[f'diff_{key}_seed_se'])}]" if r[f'diff_{key}_seed_se'] is not None else '')
+                     for r in lab['buckets']]
+            out.append(f"| {label} | {len(lab['runs'])} | " + ' | '.join(cells) + ' |')
+    return '\n'.join(out)
+
+
+def plot_result(result, path):
+    import plot
+    plt = plot._plt()
+    x, baseline = result['midpoints'], result['baseline']
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    n = len(result['labels'])
+    for i, (label, lab) in enumerate(result['labels'].items()):
+        rows = lab['buckets']
+        keep = [k for k, r in enumerate(rows) if r['nll'] is not None]
+        dodge = [x[k] * 1.04 ** (i - (n - 1) / 2) for k in keep]        # side by side, so the error bars show
+        a.errorbar(dodge, [rows[k]['nll'] for k in keep],
+                   yerr=[rows[k]['nll_se'] or 0 for k in keep], marker='o', capsize=3, label=label)
+        b.errorbar(dodge, [rows[k]['diff_nll'] for k in keep],
+                   yerr=[rows[k]['diff_nll_se_total'] or 0 for k in keep], marker='o', capsize=3, label=label)
+    a.set(xscale='log', xlabel='position in the document (bucket midpoint)', ylabel='NLL per token (nats)',
+          title=f"loss by position ({result['split']}, {len(result['documents'])} documents)")
+    b.axhline(0, color='grey', lw=0.8)
+    b.set(xscale='log', xlabel='position in the document (bucket midpoint)', ylabel=f'NLL − {baseline} (nats)',
+          title=f'difference to {baseline} (± s.e., documents and seeds)')
+    for ax in (a, b):
+        ax.legend()
+    plot._save(fig, path)
+
+
+# -----------------------------------------------------------------------------------------------------------
+
+
+def clean(value):
+    """NaN -> None, numpy scalars -> Python, for strict JSON."""
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    if isinstance(value, (np.floating, float)):
+        return None if not math.isfinite(value) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def evaluate(cfg, labels, device, device_type, dtype):
+    """Read every run. -> (docs, edges, {run: dict(label, model, step, sums (S, N, Y))})"""
+    from tqdm import tqdm
+    edges = parse_buckets(cfg.buckets)
+    docs, first, runs = None, None, {}
+    for label, paths in labels.items():
+        for run in paths:
+            path = checkpoint_path(run, cfg.ckpt)
+            ckpt = train.load_checkpoint(path)
+            data_dir = run_data_dir(ckpt, cfg)
+            if docs is None:
+                docs, first = read_docs(data_dir, cfg.split, cfg.max_tokens_per_doc, cfg.max_docs), run
+            elif data_dir.resolve() != docs.data_dir.resolve():
+                raise train.UserError(f"the runs read different data ({first}: {docs.data_dir}, {run}: {data_dir}); "
+                                      f"pass --data_dir to read one")
+            model, config = load_model(ckpt, path, cfg, docs)
+            model.to(device)
+            torch.manual_seed(1337)        # the sticky ∞-former's random numbers start from torch.initial_seed()
+            desc = f"{label} {run}"
+            progress = lambda total: tqdm(total=total, desc=desc, unit='seg', dynamic_ncols=True, leave=False,
+                                          mininterval=1.0 if sys.stderr.isatty() else 30.0)
+            nlls = document_nll(model, docs.tokens, config.seg_len, cfg.batch_size, device,
+                                train.autocast_context(device_type, dtype), progress)
+            sums = bucket_sums(nlls, docs.tokens, edges, docs.byte_lengths)
+            runs[run] = dict(label=label, checkpoint=str(path), model=ckpt['model_name'], step=ckpt.get('step'),
+                             seg_len=config.seg_len, mem_len=getattr(config, 'mem_len', None), sums=sums)
+            S, N, _ = sums
+            print(f"{label} {run}: " + ', '.join(f"{name} {s / n:.4f}" for name, s, n in
+                                                 zip(bucket_names(edges), S.sum(0), N.sum(0)) if n), flush=True)
+            del model
+    return docs, edges, runs
+
+
+def build_result(cfg, labels, docs, edges, runs):
+    baseline = cfg.baseline or next(iter(labels))
+    unit = docs.unit
+    _, N, Y = next(iter(runs.values()))['sums']
+    summaries = {}
+    for label, paths in labels.items():
+        rows, S = summarize_label([runs[r]['sums'] for r in paths], unit)
+        summaries[label] = (rows, S, len(paths))
+    base_rows, base_S, n_base = summaries[baseline]
+    out_labels = {}
+    for label, (rows, S, n) in summaries.items():
+        diffs = difference(S, base_S, N, Y, rows, base_rows, n, n_base, unit)
+        out_labels[label] = {'runs': labels[label],
+                             'buckets': [{'bucket': name, **r, **d} for name, r, d in
+                                         zip(bucket_names(edges), rows, diffs)]}
+    out_runs = {}
+    for run, info in runs.items():
+        S = info['sums'][0]
+        rows, _ = summarize_label([info['sums']], unit)
+        out_runs[run] = {**{k: v for k, v in info.items() if k != 'sums'},
+                         'buckets': [{'bucket': name, **{k: v for k, v in r.items() if not k.endswith('seed_std')}}
+                                     for name, r in zip(bucket_names(edges), rows)],
+                         'doc_nll_sums': S.tolist()}
+    max_position = max(len(t) for t in docs.tokens) - 1
+    return {'config': dataclasses.asdict(cfg), 'data_dir': str(docs.data_dir), 'split': docs.split, 'unit': unit,
+            'baseline': baseline, 'bucket_edges': edges, 'bucket_names': bucket_names(edges),
+            'midpoints': midpoints(edges, max_position),
+            'documents': [{'split': s, 'index': i, 'start': a, 'length': n, 'read': len(t)}
+                          for (s, i, a, n), t in zip(docs.sources, docs.tokens)],
+            'doc_tokens': N.tolist(), 'doc_bytes': Y.tolist() if unit else None,
+            'labels': out_labels, 'runs': out_runs}
+
+
+def main(argv=None):
+    def go(argv):
+        cfg = common.parse(gather_runs_flags(argv), LongDocConfig)
+        labels = parse_runs(cfg.runs)
+        if cfg.baseline and cfg.baseline not in labels:
+            raise train.UserError(f"--baseline={cfg.baseline} is not a label of --runs ({', '.join(labels)})")
+        parse_buckets(cfg.buckets)
+        device, device_type = common.setup(cfg.device)
+        dtype = train.resolve_dtype(cfg.dtype, device_type)
+        docs, edges, runs = evaluate(cfg, labels, device, device_type, dtype)
+        result = clean(build_result(cfg, labels, docs, edges, runs))
+        n_pred = sum(max(0, len(t) - 1) for t in docs.tokens)
+        print(f"\n{docs.split} of {docs.data_dir}: {len(docs.tokens)} documents, {n_pred:,} predicted tokens, "
+              f"device {device} {dtype}")
+        print(tables(result))
+        out = cfg.out_path()
+        common.write_json(out, result, 'bench/longdoc.py', argv)
+        if cfg.plot:
+            common.try_plot(plot_result, result, out.with_suffix('.png'))
+        return result
+    train.run_cli(go, sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == '__main__':
+    main()

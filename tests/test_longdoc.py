@@ -1,0 +1,323 @@
+"""
+bench/longdoc.py (loss by position in the document): every token of every document after its first is predicted
+exactly once, at the right position, from its own document only (the same NLL as reading the document alone with a
+fresh memory, for every model file); the memory is emptied at a document start; the bucket means, standard errors
+(across documents), seed spreads and paired differences are the hand-computed ones; end to end on tiny checkpoints
+trained by train.py; bad input is a one-line error.
+"""
+
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from _models import TINY_MODELS
+from _train_util import TINY_XL, assert_one_line_error, flags, run_python
+from data import shards
+from data.tokenizer import bytes_tokenizer, chars_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))
+import longdoc  # noqa: E402
+
+MODELS = {name: dict(spec, sticky=False) if name == 'infformer' else spec for name, spec in TINY_MODELS.items()
+          if name in train.available_models()}
+LENGTHS = [37, 8, 9, 1, 2, 25, 17, 40]          # whole segments, a partial last one, 0 and 1 predicted tokens
+
+
+def tiny_model(name, seed=0):
+    spec = dict(MODELS[name])
+    module = train.import_model(spec.pop('model'))
+    torch.manual_seed(seed)
+    return module.Model(module.Config(**spec, init_std=0.3)).eval()
+
+
+def random_docs(lengths=LENGTHS, vocab=256, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, n).astype(np.int64) for n in lengths]
+
+
+@torch.no_grad()
+def naive_nll(model, tokens, seg_len):
+    """The document alone: batch size 1, a fresh memory, segments of seg_len from its start (the last shorter)."""
+    x = torch.from_numpy(tokens)[None]
+    memory = model.init_memory(1, 'cpu')
+    out = []
+    for a in range(0, len(tokens) - 1, seg_len):
+        n = min(seg_len, len(tokens) - 1 - a)
+        logits, _, memory, _ = model(x[:, a:a + n], memory)
+        out.append(torch.nn.functional.cross_entropy(logits[0].float(), x[0, a + 1:a + 1 + n], reduction='none'))
+    return torch.cat(out).double().numpy() if out else np.zeros(0)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Reading documents
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_every_position_matches_reading_the_document_alone(name):
+    """Batches of documents (rows refilled with the next document, memory reset) give each document the NLLs it
+    gets alone with batch size 1 and a fresh memory, position by position; each position once."""
+    model, docs = tiny_model(name), random_docs()
+    seg_len = model.config.seg_len
+    expected = [naive_nll(model, t, seg_len) for t in docs]
+    for batch_size in (3, 1, 16):
+        got = longdoc.document_nll(model, docs, seg_len, batch_size, 'cpu')
+        for d, (g, e) in enumerate(zip(got, expected)):
+            assert g.shape == (max(0, LENGTHS[d] - 1),), (d, g.shape)
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5, err_msg=f"{name} doc {d} batch {batch_size}")
+
+
+@pytest.mark.parametrize('name', list(MODELS))
+def test_a_document_does_not_see_the_previous_one(name, monkeypatch):
+    """Batch size 1: document B after A and B after C score the same; without the reset they would not."""
+    model = tiny_model(name)
+    a, b, c = random_docs([33, 30, 33], seed=3)          # longest first: B is read after A (after C)
+    seg_len = model.config.seg_len
+    after_a = longdoc.document_nll(model, [a, b], seg_len, 1, 'cpu')[1]
+    after_c = longdoc.document_nll(model, [c, b], seg_len, 1, 'cpu')[1]
+    np.testing.assert_allclose(after_a, after_c, rtol=1e-6, atol=1e-6)
+    monkeypatch.setattr(model, 'reset_memory', lambda memory, mask: memory)
+    leaky_a = longdoc.document_nll(model, [a, b], seg_len, 1, 'cpu')[1]
+    leaky_c = longdoc.document_nll(model, [c, b], seg_len, 1, 'cpu')[1]
+    assert np.abs(leaky_a - leaky_c).max() > 1e-4       # the check has power: this model's memory matters
+
+
+@dataclasses.dataclass
+class Count:
+    seen: torch.Tensor                  # (B,) tokens this row has read since its memory was emptied
+
+
+class PositionOracle(torch.nn.Module):
+    """Knows a token's position only from its memory: predicts token (tokens seen + 1) with logit 20, others 0."""
+    vocab = 256
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        return Count(torch.zeros(batch_size, dtype=torch.long))
+
+    def reset_memory(self, memory, mask):
+        return Count(memory.seen * ~mask)
+
+    def forward(self, idx, memory, targets=None):
+        B, T = idx.shape
+        nxt = memory.seen[:, None] + torch.arange(1, T + 1)[None]            # the position each input predicts
+        logits = 20.0 * torch.nn.functional.one_hot(nxt % self.vocab, self.vocab).float()
+        return logits, None, Count(memory.seen + T), {}
+
+
+def test_positions_are_the_index_in_the_document():
+    """Token p of every document is p: the oracle gets every token right only if each is predicted at its own
+    position, once, with the count emptied at the document start; a shifted document is all wrong."""
+    docs = [np.arange(n, dtype=np.int64) for n in LENGTHS]
+    got = longdoc.document_nll(PositionOracle(), docs, 8, 3, 'cpu')
+    assert [len(g) for g in got] == [max(0, n - 1) for n in LENGTHS]
+    assert all((g < 1e-5).all() for g in got)                         # log(1 + 255 e^-20) = 5e-7 each
+    shifted = longdoc.document_nll(PositionOracle(), [np.arange(1, 20)], 8, 1, 'cpu')[0]
+    assert (shifted > 19).all()
+
+
+def test_schedule_gives_each_document_to_one_row_longest_first():
+    rows, steps = longdoc.schedule([37, 8, 9, 1, 2, 25], seg_len=8, batch_size=2)
+    assert sorted(i for r in rows for i in r) == [0, 1, 2, 4, 5]     # document 3 has nothing to predict
+    # segments 5, 1, 1, 0, 1, 3; order 0, 5, 2, 1, 4: row 0 reads 0 (steps 0-4) then 4; row 1 reads 5, 2, 1
+    assert rows == [[0, 4], [5, 2, 1]] and steps == 6
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Statistics by hand
+
+
+def test_bucket_means_and_standard_errors_by_hand():
+    """Buckets [0,2) [2,4) [4,end); per-token NLL of 3 documents (positions 1 ...)."""
+    nlls = [np.array([1., 2, 3, 4, 5]), np.array([2., 4]), np.array([3., 1, 1])]
+    tokens = [np.array([9, 0, 1, 0, 1, 1]), np.array([9, 1, 1]), np.array([9, 1, 0, 1])]
+    S, N, Y = longdoc.bucket_sums(nlls, tokens, [2, 4], byte_lengths=np.array([0, 2] + [1] * 8))
+    np.testing.assert_array_equal(S, [[1, 5, 9], [2, 4, 0], [3, 2, 0]])
+    np.testing.assert_array_equal(N, [[1, 2, 2], [1, 1, 0], [1, 2, 0]])
+    np.testing.assert_array_equal(Y, [[0, 2, 4], [2, 2, 0], [2, 2, 0]])          # token 0 spells 0 bytes, 1 two
+    mean, se = longdoc.ratio_stats(S, N, N > 0)
+    assert mean == pytest.approx([2.0, 11 / 5, 4.5])
+    # bucket 0: residuals S - R n = -1, 0, 1; bucket 1: 0.6, 1.8, -2.4; bucket 2: one document, no s.e.
+    assert se[0] == pytest.approx(math.sqrt(3 / 2 * 2) / 3)
+    assert se[1] == pytest.approx(math.sqrt(3 / 2 * 9.36) / 5)
+    assert se[2] is None
+    rows, _ = longdoc.summarize_label([(S, N, Y)], 'bpc')
+    assert rows[1]['bpc'] == pytest.approx(11 / math.log(2) / 6) and rows[0]['tokens'] == 3
+    assert rows[2]['documents'] == 1 and rows[0]['nll_seed_std'] is None
+
+
+def test_equal_token_counts_give_the_standard_error_of_the_document_means():
+    rng = np.random.default_rng(0)
+    S, N = rng.random((7, 1)) * 10, np.full((7, 1), 5.0)
+    _, se = longdoc.ratio_stats(S, N, N > 0)
+    means = S[:, 0] / 5
+    assert se[0] == pytest.approx(means.std(ddof=1) / math.sqrt(7))
+
+
+def test_seeds_are_averaged_and_differences_are_paired_by_document():
+    """Two seeds: the label's mean is the mean of the seeds' means, seed_std their std. A label that is the
+    baseline plus 0.1 nats on every token differs by exactly 0.1 with s.e. 0 (the documents' difficulty cancels),
+    although its own s.e. across documents is large."""
+    rng = np.random.default_rng(1)
+    N = rng.integers(1, 50, (5, 2)).astype(float)
+    Y = N * 2
+    base = [(N * rng.random((5, 1)) * 4, N, Y) for _ in range(2)]
+    label = [(s + 0.1 * N, N, Y) for s, _, _ in base]
+    rows, S = longdoc.summarize_label(label, 'bpc')
+    base_rows, base_S = longdoc.summarize_label(base, 'bpc')
+    seed_means = [(s.sum(0) / N.sum(0)) for s, _, _ in label]
+    assert rows[1]['nll'] == pytest.approx(np.mean([m[1] for m in seed_means]))
+    assert rows[1]['nll_seed_std'] == pytest.approx(np.std([m[1] for m in seed_means], ddof=1))
+    assert rows[1]['nll_se'] > 0.1
+    diff = longdoc.difference(S, base_S, N, Y, rows, base_rows, 2, 2, 'bpc')
+    assert diff[0]['diff_nll'] == pytest.approx(0.1) and diff[0]['diff_nll_se'] == pytest.approx(0, abs=1e-12)
+    assert diff[0]['diff_bpc'] == pytest.approx(0.1 / math.log(2) / 2)
+    seed_se = math.sqrt(rows[0]['nll_seed_std'] ** 2 / 2 + base_rows[0]['nll_seed_std'] ** 2 / 2)
+    assert diff[0]['diff_nll_seed_se'] == pytest.approx(seed_se)
+    assert diff[0]['diff_nll_se_total'] == pytest.approx(seed_se)
+
+
+def test_runs_flags_are_gathered_and_labelled():
+    argv = longdoc.gather_runs_flags(['--runs=xl:a,b', '--split=test', '--runs=base:c', '--runs=out/d'])
+    assert argv == ['--split=test', '--runs=xl:a,b;base:c;out/d']
+    assert longdoc.parse_runs(argv[-1].split('=', 1)[1]) == {'xl': ['a', 'b'], 'base': ['c'], 'd': ['out/d']}
+    assert longdoc.bucket_names([64, 256]) == ['[0,64)', '[64,256)', '[256,end)']
+
+
+# -----------------------------------------------------------------------------------------------------------
+# End to end on train.py checkpoints
+
+TEXT = ("ROMEO. But soft, what light through yonder window breaks? It is the east, and Juliet is the sun. "
+        "Arise, fair sun, and kill the envious moon, who is already sick and pale with grief. ")
+HELD_OUT = (TEXT[:70], TEXT[20:120], TEXT[5:40] * 2, 'Ay.')     # 71, 101, 71 and 4 bytes with their EOT
+
+
+def dataset(root, tokenizer):
+    def encode(text):
+        if tokenizer.name == 'chars':                                   # text8's 27 symbols
+            text = ''.join(c for c in text.lower() if c in tokenizer.symbols)
+        return shards.encode_doc(text, words=len(text.split()), tokenizer=tokenizer)
+    splits = {'train': [TEXT * 20, TEXT * 10], 'validation': list(HELD_OUT), 'test': list(HELD_OUT[:2])}
+    shards.write_dataset(str(root), splits, encode, dataset='fixture', source='test', word_rule='split',
+                         tokenizer=tokenizer)
+    return Path(root)
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """Byte data; tiny XL (mem_len 16) and its no-memory baseline, 2 seeds each, 3 steps of train.py."""
+    root = tmp_path_factory.mktemp('longdoc')
+    data = dataset(root / 'data', bytes_tokenizer())
+    model = {k: v for k, v in TINY_XL.items() if k != 'vocab_size'}
+    out = {}
+    for label, mem_len in (('xl', 16), ('base', 0)):
+        for seed in (1, 2):
+            out_dir = root / f'{label}-s{seed}'
+            train.main(flags(data, out_dir, dict(model, mem_len=mem_len), max_iters=3, seed=seed))
+            out.setdefault(label, []).append(out_dir)
+    return data, out
+
+
+def test_end_to_end_on_checkpoints(runs, tmp_path, capsys):
+    data, out = runs
+    path = tmp_path / 'longdoc_t.json'
+    longdoc.main([f"--runs=xl:{','.join(map(str, out['xl']))}", f"--runs=base:{','.join(map(str, out['base']))}",
+                  '--baseline=base', '--buckets=4,16,64', '--batch_size=3', '--device=cpu', f'--out={path}'])
+    printed = capsys.readouterr().out
+    result = json.loads(path.read_text())
+    assert result['unit'] == 'bpc' and result['baseline'] == 'base' and list(result['labels']) == ['xl', 'base']
+    lengths = [len(t.encode()) + 1 for t in HELD_OUT]
+    assert [d['length'] for d in result['documents']] == lengths
+    buckets = result['labels']['xl']['buckets']
+    assert sum(b['tokens'] for b in buckets) == sum(n - 1 for n in lengths)
+    assert [b['tokens'] for b in buckets] == [4 * 3, 3 * 12, 3 * 48, 2 * 7 + 37]       # lengths 71, 101, 71, 4
+    assert [b['documents'] for b in buckets] == [4, 3, 3, 3]
+    assert all(b['diff_nll'] == 0 and b['diff_nll_se'] in (0, None) for b in result['labels']['base']['buckets'])
+    # the runs' per-document sums are document_nll of the checkpoint's model; the label averages its seeds
+    sums = []
+    for run in out['xl']:
+        ckpt = train.load_checkpoint(run / 'ckpt.pt')
+        _, cfg, model = train.model_from_checkpoint(ckpt)
+        docs = longdoc.read_docs(data, 'validation')
+        S, N, _ = longdoc.bucket_sums(longdoc.document_nll(model, docs.tokens, cfg.seg_len, 2, 'cpu'), docs.tokens,
+                                      [4, 16, 64])
+        np.testing.assert_allclose(result['runs'][str(run)]['doc_nll_sums'], S, rtol=1e-9)
+        sums.append(S.sum(0) / N.sum(0))
+    assert buckets[1]['nll'] == pytest.approx((sums[0][1] + sums[1][1]) / 2)
+    assert buckets[1]['nll_seed_std'] == pytest.approx(abs(sums[0][1] - sums[1][1]) / math.sqrt(2))
+    diff = buckets[1]['nll'] - result['labels']['base']['buckets'][1]['nll']
+    assert buckets[1]['diff_nll'] == pytest.approx(diff)
+    assert 'difference to base' in printed and '[0,4)' in printed and 'bpc' in printed
+    pytest.importorskip('matplotlib')
+    assert path.with_suffix('.png').stat().st_size > 1000
+
+
+def test_eval_mem_len_and_splits(runs, tmp_path):
+    data, out = runs
+    path = tmp_path / 'r.json'
+    longdoc.main([f"--runs={out['xl'][0]}", '--eval_mem_len=4', '--split=validation,test', '--max_tokens_per_doc=50',
+                  '--max_docs=5', '--device=cpu', '--plot=False', f'--out={path}'])
+    result = json.loads(path.read_text())
+    run = result['runs'][str(out['xl'][0])]
+    assert run['mem_len'] == 4 and list(result['labels']) == ['xl-s1']
+    assert [(d['split'], d['read']) for d in result['documents']] == [('validation', 50), ('validation', 50),
+                                                                      ('validation', 50), ('validation', 4),
+                                                                      ('test', 50)]
+
+
+def test_name_picks_the_results_file():
+    assert longdoc.LongDocConfig(name='pg19').out_path() == longdoc.common.RESULTS / 'longdoc_pg19.json'
+    assert longdoc.LongDocConfig().out_path().name == 'longdoc.json'
+
+
+# -----------------------------------------------------------------------------------------------------------
+# One-line errors
+
+
+def error_of(capsys, argv):
+    capsys.readouterr()                                                 # what came before (dataset progress bars)
+    with pytest.raises(SystemExit) as e:
+        longdoc.main(argv)
+    assert e.value.code == 2
+    return assert_one_line_error(capsys.readouterr().err)
+
+
+def test_bad_input_is_a_one_line_error(runs, tmp_path, capsys):
+    data, out = runs
+    run = str(out['xl'][0])
+    chars = dataset(tmp_path / 'chars', chars_tokenizer())
+    no_docs = tmp_path / 'no_docs'
+    no_docs.mkdir()
+    for f in ('validation.bin', 'meta.json'):
+        (no_docs / f).write_bytes((data / f).read_bytes())
+    cases = [([f'--runs={run}', f'--data_dir={tmp_path / "missing"}'], 'no data at'),
+             ([f'--runs={run}', f'--data_dir={chars}'], 'was trained on bytes tokens'),
+             ([f'--runs={run}', f'--data_dir={no_docs}'], 'validation_docs.npy'),
+             ([f'--runs={tmp_path / "nowhere"}'], 'no checkpoint at'),
+             ([f'--runs=a:{run}', '--baseline=b'], '--baseline=b is not a label'),
+             ([f'--runs=a:{run}', '--buckets=64,16'], '--buckets'),
+             ([f'--runs=a:{run}', f'--runs=b:{run}'], 'given twice'),
+             (['--split=dev'], 'split'),
+             ([], '--runs is required')]
+    for argv, fragment in cases:
+        assert fragment in error_of(capsys, argv + ['--device=cpu', '--plot=False', f'--out={tmp_path / "x.json"}'])
+
+
+def test_eval_mem_len_needs_a_model_with_mem_len(tmp_path, capsys):
+    data = dataset(tmp_path / 'data', bytes_tokenizer())
+    spec = {k: v for k, v in TINY_MODELS['infini'].items() if k != 'vocab_size'}
+    train.main(flags(data, tmp_path / 'infini', spec, max_iters=1))
+    message = error_of(capsys, [f'--runs={tmp_path / "infini"}', '--eval_mem_len=8', '--device=cpu', '--plot=False',
+                                f'--out={tmp_path / "x.json"}'])
+    assert 'has no mem_len' in message
+
+
+def test_command_line_error_in_a_fresh_process(tmp_path):
+    r = run_python(['bench/longdoc.py', f'--runs=a:{tmp_path}', '--device=cpu'])
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, 'no checkpoint at')
