@@ -111,13 +111,10 @@ class RecallConfig:
             raise ValueError(f"curriculum must be in [0, 1], got {self.curriculum}")
         if any(item.partition('=')[0] == 'bptt_segments' for item in self.overrides.split(',')):
             raise ValueError("set bptt_segments with --bptt_segments (it also packs the episodes), not --overrides")
-        try:
-            [int(v) for v in self.seeds.split(',') if v]
-        except ValueError:
-            raise ValueError(f"seeds takes comma-separated integers, got {self.seeds!r}") from None
+        self.seed_list()                                   # a one-line error for --seeds=1,x
 
     def seed_list(self):
-        return [int(v) for v in self.seeds.split(',') if v] or [self.seed]
+        return common.int_list(self.seeds, 'seeds') or [self.seed]
         if self.seg_len < 32:
             raise ValueError("seg_len must be >= 32 (a sorting answer of 21 tokens must fit in a segment)")
 
@@ -262,7 +259,7 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
 
 def model_fields(spec, size, cfg):
     """The variant's Config fields at the recall size (memory lengths from cfg), and --overrides' model fields.
-    Overrides that are train.py fields are left to train_flags."""
+    Overrides that are train.py fields are left to train_overrides."""
     fields = {**spec, **size}
     name = fields.pop('model')
     fields.update(SYNTHETIC.get(name, {}))
@@ -271,22 +268,23 @@ def model_fields(spec, size, cfg):
     for f in common.ZERO_FIELDS:
         if f in known:
             fields.setdefault(f, 0.0)
-    train_known = {f.name for f in dataclasses.fields(common.train.TrainConfig)}
     for item in [i for i in cfg.overrides.split(',') if i]:
         key, _, value = item.partition('=')
         if key in known:
             fields[key] = value                               # a string, parsed by train.py as its flags are
-        elif key not in train_known:
+        elif key not in TRAIN_FIELDS:
             raise common.train.UserError(f"--overrides: {key!r} is neither a field of model_{name}.py's Config "
                                          f"nor a train.py flag")
     return name, fields
 
 
+TRAIN_FIELDS = {f.name for f in dataclasses.fields(common.train.TrainConfig)}
+
+
 def train_overrides(cfg):
     """--overrides' train.py fields (reset_every=16, ...) as train.py flags."""
-    train_known = {f.name for f in dataclasses.fields(common.train.TrainConfig)}
     items = [i.partition('=') for i in cfg.overrides.split(',') if i]
-    return [f'--{k}={v}' for k, _, v in items if k in train_known]
+    return [f'--{k}={v}' for k, _, v in items if k in TRAIN_FIELDS]
 
 
 def train_steps(cfg):
@@ -374,17 +372,11 @@ def run_dir(cfg, task, variant, seed):
     return Path(cfg.out_dir) / task / variant / f'seed{seed}'
 
 
-_WRITTEN = {}
-
-
 def task_data(task, cfg, seed):
-    """The task's training data for this seed (written once per seed and run, and read by every variant)."""
-    data_dir = Path(cfg.out_dir) / f'data-{task}-seed{seed}'
-    key = (data_dir.resolve(), json.dumps(dataclasses.asdict(cfg)))
-    if key not in _WRITTEN:
-        n_segments = train_steps(cfg) * cfg.bptt_segments
-        _WRITTEN[key] = write_task_data(task, data_dir, cfg, cfg.batch_size, n_segments, seed)
-    return _WRITTEN[key]
+    """The task's training data for this seed (read by every variant)."""
+    n_segments = train_steps(cfg) * cfg.bptt_segments
+    return write_task_data(task, Path(cfg.out_dir) / f'data-{task}-seed{seed}', cfg, cfg.batch_size, n_segments,
+                           seed)
 
 
 def summarize(t, variant, per_seed):
@@ -412,6 +404,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
     seeds = cfg.seed_list()
     for task in [t for t in cfg.tasks.split(',') if t]:
         cols = eval_columns(task, cfg)
+        data_dirs = {} if cfg.rescore else {seed: task_data(task, cfg, seed) for seed in seeds}
         t = {'columns': cols, 'seeds': seeds, 'accuracy': {}, 'accuracy_std': {}, 'accuracy_seeds': {},
              'exact': {}, 'accuracy_memory_emptied': {}, 'runs': {},
              'column_label': 'depth (tokens from KEY to ASK)' if task == 'passkey' else 'sequence length',
@@ -432,8 +425,8 @@ def run(cfg, specs, size, argv=(), skipped=None):
                     old = previous.get('tasks', {}).get(task, {}).get('runs', {}).get(variant, {})
                     t['runs'].setdefault(variant, {})[str(seed)] = old.get(str(seed)) or {'final': final_aux(out_dir)}
                 else:
-                    data_dir = task_data(task, cfg, seed)
-                    argv_train, seconds, steps = train_variant(task, variant, spec, size, cfg, data_dir, out_dir, seed)
+                    argv_train, seconds, steps = train_variant(task, variant, spec, size, cfg, data_dirs[seed], out_dir,
+                                                               seed)
                     t['runs'].setdefault(variant, {})[str(seed)] = {
                         'train_argv': argv_train, 'train_seconds': seconds, 'steps': steps, 'final': final_aux(out_dir)}
                 per_seed[seed] = evaluate_variant(task, out_dir, cfg, device, device_type)

@@ -216,6 +216,9 @@ def test_overrides_pass_train_flags_to_train_py():
     with pytest.raises(ValueError, match='--bptt_segments'):
         recall.RecallConfig(overrides='bptt_segments=4')
     assert recall.train_steps(recall.RecallConfig(tokens=64 * 16 * 100, bptt_segments=4)) == 25
+    assert recall.RecallConfig(seeds='3,4').seed_list() == [3, 4] and recall.RecallConfig(seed=7).seed_list() == [7]
+    with pytest.raises(common.train.UserError, match='--seeds'):
+        recall.RecallConfig(seeds='1,x')
 
 
 @pytest.mark.parametrize('task', ['passkey', 'sorting'])
