@@ -219,21 +219,21 @@ SIGMA_FLOOR = 1e-15   # σ's smallest value: σ(q)·z >= 1e-30 cannot underflow 
 
 def sigma(x):
     """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z.
-    Computed as x + 1 (x > 0) and exp(x) (x <= 0), which is the same function: F.elu(x) + 1 rounds to exactly 0
-    in float32 below x ≈ -17 (exp(x) under half an ulp of 1), and a query with every coordinate there would
-    read 0/0 = NaN in Eq. 3. exp is floored at SIGMA_FLOOR (x < -34.5, where σ is 1e-15 and its gradient 0)."""
-    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0)))
+    Computed as relu(x) + exp(min(x, 0)), which is the same function (x + 1 above 0, exp(x) below): F.elu(x) + 1
+    rounds to exactly 0 in float32 below x ≈ -17 (exp(x) under half an ulp of 1), and a query with every coordinate
+    there would read 0/0 = NaN in Eq. 3. exp is floored at SIGMA_FLOOR (x < -34.5, where σ is 1e-15 and its
+    gradient 0). Four elementwise ops and no mask: eager runs each as a pass over the tensor (issue 20)."""
+    return F.relu(x) + torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0))
 
 
 def memory_retrieve(sigma_q, M, z, has_memory):
     """Eq. 3: A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1}).
     sigma_q (B, H, T, D), M (B, H, D, D), z (B, H, D), has_memory (B, 1, 1, 1) bool -> (B, H, T, D).
-    An empty memory (M = 0, z = 0: 0/0) retrieves 0; its denominator is replaced by 1 before the division, so
-    neither the value nor the gradient sees a NaN."""
-    numerator = sigma_q @ M                                       # (B, H, T, D)
+    An empty memory (M = 0, z = 0: 0/0) retrieves 0: its denominator is replaced by 1 before the division, so
+    the value is 0 / 1 and neither it nor the gradient sees a NaN."""
+    numerator = sigma_q @ M                                       # (B, H, T, D), 0 for an empty memory
     denominator = sigma_q @ z.unsqueeze(-1)                       # (B, H, T, 1), > 0 once anything was written
-    denominator = torch.where(has_memory, denominator, torch.ones_like(denominator))
-    return torch.where(has_memory, numerator / denominator, torch.zeros_like(numerator))
+    return numerator / torch.where(has_memory, denominator, torch.ones_like(denominator))
 
 
 def memory_update(sigma_k, v, M, z, has_memory, rule):
@@ -294,9 +294,9 @@ class InfiniAttention(nn.Module):
         with torch.autocast(h.device.type, enabled=False):
             A_mem = memory_retrieve(sigma(q.to(M.dtype)), M, z, has_memory)          # (B, H, T, D)
 
-        # Eq. 6: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head
+        # Eq. 6: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head, as one op: A_dot + g (A_mem - A_dot)
         g = self.gate().view(1, H, 1, 1)
-        A = (g * A_mem + (1.0 - g) * A_dot).to(A_dot.dtype)       # (B, H, T, D)
+        A = torch.lerp(A_dot.to(A_mem.dtype), A_mem, g).to(A_dot.dtype)   # (B, H, T, D)
         attn_out = self.drop(self.o_net(A.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)   O (§2.1.2)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
         return out, (k_rot, k, v)

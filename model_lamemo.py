@@ -12,15 +12,15 @@ l, with memory input m^l (M positions) and segment input h^l (T positions):
          C^↔ = α sg(C^←) + (1 - α) C^→,    α = sg(s^←) / (sg(s^←) + s^→ + ε)
      which is one softmax over old ∪ new keys (tests/test_lamemo.py checks it); s^← + s^→ is stored for the next
      step. Seed 002's note swaps the arrows: the stored side is the detached one (SPEC §2, the authors' code).
-  3. Disentangled relative positions (§3.3). A look-ahead score uses the distance j - i to the right with its own
-     bias v₊ (`r_r_bias_future`); u is shared with the causal direction:
+  3. Disentangled relative positions (§3.3, Eq. 12). A look-ahead score uses the distance j - i to the right with its
+     own bias v₊ (`r_r_bias_future`); u is shared with the causal direction:
          A^→_{i,j} = (q_i + u)·k_j + (q_i + v₊)·W_{k,R} R_{j-i},   j > i
   4. The refreshed states go through the rest of the layer (W_o, residual, LayerNorm, feed-forward) and become
      m^{l+1}; the segment's queries at layer l attend to [m^l ; h^l], as in Transformer-XL and the authors' code (not
      to m^{l+1}). So only m^0 (the embeddings) is stored as hidden states, and C^←, log s^← for every layer but the
      last, which has nothing to feed (the authors' code computes its refresh and discards it) and no v₊. A refreshed
      state has seen tokens up to the segment's first one, which every query of the segment sees too: nothing leaks.
-Equations are cited by section, with the paper's symbols: no numbered text of the paper was at hand (nor in seeds/).
+Cited by section with the paper's symbols: its text was not at hand; only Eq. 12 is known (the authors' README).
 
 Details the paper leaves open follow the authors' code (thu-coai/LaMemo, pytorch/mem_transformer.py, attn_type 3):
 u shared by both directions; ε = 1e-6 added after subtracting the max; α keeps its gradient through s^→.
@@ -210,8 +210,8 @@ def rel_shift(x):
 
 
 def future_position_scores(q, r_k, W):
-    """rel_shift's counterpart for distances to the right (§3.3): the look-ahead scores (q_i + v₊)·W_{k,R} R_{j-i} of
-    the M memory queries q (B, H, M, D), v₊ added, against the W window keys; r_k (H, M, D) is W_{k,R} R for the
+    """rel_shift's counterpart for distances to the right (Eq. 12): look-ahead scores (q_i + v₊)·W_{k,R} R_{j-i} of the
+    M memory queries q (B, H, M, D), v₊ added, against the W window keys; r_k (H, M, D) is W_{k,R} R for the
     distances 1..M. Out: y[..., i, j] = q_i · r_k[M - W + j - i], key j at position M - W + 1 + j of [memory ;
     segment]; keys at or left of the query (distance <= 0) give garbage, always masked. The authors' code scores every
     query against every distance, O(M²); here each block of W queries scores its 2W - 1 distances as one (W, 2W)

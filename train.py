@@ -16,6 +16,7 @@ segment.
 """
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -680,7 +681,7 @@ def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
         sigint.close()
         log.close()
     say(f"done: step {state.step}, best {cfg.eval_split} loss {state.best_val_loss:.4f}, checkpoint in {out_dir}")
-    finish_ddp(run.ddp)
+    finish_ddp(run.ddp, parts)
     return {'step': state.step, 'best_val_loss': state.best_val_loss}
 
 
@@ -720,9 +721,14 @@ def announce(run, model_cfg, model, loaders, say):
     return model.flops_per_token() if hasattr(model, 'flops_per_token') else 6 * n_params
 
 
-def finish_ddp(ddp):
+def finish_ddp(ddp, parts=None):
+    """End a DDP run: wait for every rank, drop the DDP wrapper (its reducer holds the process group, which would
+    otherwise be freed during interpreter exit, when gloo's threads may abort the process), then destroy the group."""
     if ddp:
         torch.distributed.barrier()                              # rank 0 may still be writing the checkpoint
+        if parts is not None:
+            parts.model = parts.raw_model
+            gc.collect()
         torch.distributed.destroy_process_group()
 
 

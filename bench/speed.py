@@ -238,6 +238,7 @@ def profile_step(entry, path):
             entry.train_step()
     key = 'self_cuda_time_total' if torch.cuda.is_available() else 'self_cpu_time_total'
     table = prof.key_averages(group_by_input_shape=True).table(sort_by=key, row_limit=30, max_name_column_width=50)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(table)
     print(f"wrote {path}")
 

@@ -1,0 +1,173 @@
+"""
+The CPU demo comparison on several seeds (issue 16): every model trained with its config/*_demo.py (same size,
+same 512 tokens a step, same 1000 steps), on seeds 1, 2, 3, then the validation loss mean +- std per model and
+the loss by position in the document (bench/longdoc.py) on the held-out plays, averaged over the seeds.
+
+    python bench/demos.py                                  # all variants, seeds 1,2,3, then longdoc
+    python bench/demos.py --variants=baseline,xl --seeds=1 --jobs=1
+    python bench/demos.py --dry_run=True                   # print the train.py commands only
+
+A run is `python train.py CONFIG --seed=S --out_dir=OUT_ROOT/LABEL/seedS FLAGS` (the table below); --jobs runs
+that many at once, each with cores/jobs threads. A finished run (its log.jsonl has the evaluation at max_iters)
+is not run again; an unfinished one with a checkpoint resumes. --overrides=' --max_iters=20' appends train.py
+flags to every run (quick checks). Results: bench/results/demos[_NAME].json (validation loss per seed, mean, std)
+and bench/results/longdoc_demos[_NAME].json/.png (bench/longdoc.py, every label against 'baseline'); --results
+names another folder.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import common  # noqa: E402  (bench/common.py puts the repository on sys.path)
+import longdoc  # noqa: E402
+import train  # noqa: E402
+
+# label -> (config file, extra train.py flags). The controls: baseline is xl_demo with no memory (mem_len 0), and
+# compressive_no_cmem is compressive_demo without the compressed memory (cmem_len 0: XL with eval memory 64).
+VARIANTS = {
+    'baseline': ('config/xl_demo.py', ['--mem_len=0', '--eval_mem_len=0']),
+    'xl': ('config/xl_demo.py', []),
+    'lamemo': ('config/lamemo_demo.py', []),
+    'compressive': ('config/compressive_demo.py', []),
+    'compressive_no_cmem': ('config/compressive_demo.py', ['--cmem_len=0', '--recon_loss=none']),
+    'infini_linear': ('config/infini_demo.py', []),
+    'infini_delta': ('config/infini_demo.py', ['--memory_update=delta']),
+    'infformer': ('config/infformer_demo.py', []),
+    'infformer_sticky': ('config/infformer_demo.py', ['--sticky=True']),
+}
+DEFAULT_VARIANTS = ','.join(v for v in VARIANTS if v != 'compressive_no_cmem')
+
+
+@dataclasses.dataclass
+class DemosConfig:
+    variants: str = DEFAULT_VARIANTS  # labels of VARIANTS, comma-separated ('all' = with the controls)
+    seeds: str = '1,2,3'
+    out_root: str = 'out-demos'       # runs in OUT_ROOT/LABEL/seedS
+    jobs: int = 2                     # runs at once; each gets cores // jobs threads
+    overrides: str = ''               # extra train.py flags for every run, e.g. ' --max_iters=20'
+    longdoc: bool = True              # then bench/longdoc.py on the finished runs
+    split: str = 'validation,test'    # longdoc's documents
+    name: str = ''                    # results: demos[_NAME].json, longdoc_demos[_NAME].json
+    results: str = ''                 # the folder of those ('' = bench/results)
+    dry_run: bool = False             # print the train.py commands and stop
+    train: bool = True                # False: only summarise the runs already finished (no training)
+
+    def __post_init__(self):
+        if self.jobs < 1:
+            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
+
+
+def selected(variants):
+    names = list(VARIANTS) if variants == 'all' else [v for v in variants.split(',') if v]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        raise train.UserError(f"unknown variant {unknown[0]!r}; known: {', '.join(VARIANTS)}")
+    return names
+
+
+def run_dir(cfg, label, seed):
+    return Path(cfg.out_root) / label / f'seed{seed}'
+
+
+def final_eval(out_dir):
+    """The last evaluation record of a run's log.jsonl, or None."""
+    path = Path(out_dir) / 'log.jsonl'
+    if not path.exists():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    evals = [r for r in records if 'validation/loss' in r]
+    return evals[-1] if evals else None
+
+
+def max_iters(cfg, label):
+    """max_iters of a run as train.py will see it (config file, then --overrides)."""
+    config, flags = VARIANTS[label]
+    tcfg, _, _, _ = train.parse_args([str(common.REPO / config), *flags, *shlex.split(cfg.overrides)])
+    return tcfg.max_iters
+
+
+def is_done(cfg, label, seed):
+    record = final_eval(run_dir(cfg, label, seed))
+    return record is not None and record['step'] >= max_iters(cfg, label)
+
+
+def command(cfg, label, seed):
+    config, flags = VARIANTS[label]
+    out = run_dir(cfg, label, seed)
+    resume = ['--init_from=resume'] if (out / 'ckpt.pt').exists() else []
+    return ['train.py', config, f'--seed={seed}', f'--out_dir={out}',
+            '--always_save_checkpoint=True', *flags, *resume, *shlex.split(cfg.overrides)]
+
+
+def launch(cmd, threads, log_path):
+    env = {**os.environ, 'OMP_NUM_THREADS': str(threads), 'MKL_NUM_THREADS': str(threads)}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, 'a') as log:
+        return subprocess.run([sys.executable, *cmd], cwd=common.REPO, env=env, stdout=log,
+                              stderr=subprocess.STDOUT).returncode
+
+
+def train_all(cfg, labels, seeds):
+    todo = [(label, s) for s in seeds for label in labels if not is_done(cfg, label, s)]   # seed by seed
+    threads = max(1, (os.cpu_count() or 1) // cfg.jobs)
+    for label, s in todo:
+        print('python', shlex.join(command(cfg, label, s)))
+    if cfg.dry_run or not todo:
+        return
+    print(f"{len(todo)} runs, {cfg.jobs} at a time, {threads} threads each; output in OUT/train.out", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(cfg.jobs) as pool:
+        futures = {pool.submit(launch, command(cfg, label, s), threads,
+                               run_dir(cfg, label, s) / 'train.out'): (label, s) for label, s in todo}
+        for f in concurrent.futures.as_completed(futures):
+            label, s = futures[f]
+            record = final_eval(run_dir(cfg, label, s))
+            loss = f"{record['validation/loss']:.4f}" if record else 'none'
+            print(f"{label} seed {s}: exit {f.result()}, validation loss {loss}", flush=True)
+
+
+def summary(cfg, labels, seeds):
+    """{label: {'seeds': {seed: loss}, 'mean', 'std'}} over the finished runs."""
+    out = {}
+    for label in labels:
+        losses = {s: final_eval(run_dir(cfg, label, s))['validation/loss'] for s in seeds if is_done(cfg, label, s)}
+        values = list(losses.values())
+        out[label] = {'seeds': losses, 'mean': sum(values) / len(values) if values else None,
+                      'std': longdoc.std(values), 'command': ' '.join(['python', *command(cfg, label, '{seed}')])}
+    return out
+
+
+def main(argv=None):
+    def go(argv):
+        cfg = common.parse(argv, DemosConfig)
+        labels, seeds = selected(cfg.variants), common.int_list(cfg.seeds, 'seeds')
+        if not seeds or not labels:
+            raise train.UserError("--seeds and --variants must name at least one seed and one variant")
+        if cfg.train or cfg.dry_run:
+            train_all(cfg, labels, seeds)
+        if cfg.dry_run:
+            return
+        result = summary(cfg, labels, seeds)
+        print("\nvalidation loss (nats/token) over seeds")
+        for label, r in result.items():
+            spread = f" +- {r['std']:.4f}" if r['std'] is not None else ''
+            mean = f"{r['mean']:.4f}" if r['mean'] is not None else 'no finished run'
+            print(f"  {label:20s} {mean}{spread}   ({len(r['seeds'])} seeds)")
+        suffix, results = (f'_{cfg.name}' if cfg.name else ''), Path(cfg.results or common.RESULTS)
+        common.write_json(results / f'demos{suffix}.json', {'runs': result}, 'bench/demos.py', argv)
+        done = {label: [str(run_dir(cfg, label, s)) for s in seeds if is_done(cfg, label, s)] for label in labels}
+        groups = [f"{label}:{','.join(dirs)}" for label, dirs in done.items() if dirs]
+        if cfg.longdoc and groups:
+            baseline = ['--baseline=baseline'] if done.get('baseline') else []
+            longdoc.main([f"--runs={';'.join(groups)}", *baseline, f'--split={cfg.split}',
+                          f'--out={results / f"longdoc_demos{suffix}.json"}'])
+    train.run_cli(go, sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == '__main__':
+    main()

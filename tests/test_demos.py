@@ -1,0 +1,93 @@
+"""
+bench/demos.py (the demo comparison on several seeds): the train.py command of every variant and seed (its config,
+seed, own out_dir, controls' flags, resume of an unfinished run, overrides last), which runs count as finished, the
+mean and spread over seeds, bad input as a one-line error, and end to end on tiny runs (two variants, two seeds,
+then bench/longdoc.py against the baseline).
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+from _train_util import assert_one_line_error, run_python
+from test_longdoc import dataset
+from data.tokenizer import bytes_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))
+import demos  # noqa: E402
+
+TINY = (' --n_layer=1 --n_head=2 --n_embd=16 --d_head=8 --d_inner=32 --seg_len=8 --batch_size=2 --max_iters=2'
+        ' --eval_interval=1000 --eval_tokens=64 --eval_batch_size=2 --device=cpu --compile=False --log_interval=1')
+
+
+def cfg(tmp_path, **kw):
+    return demos.DemosConfig(out_root=str(tmp_path / 'runs'), **kw)
+
+
+def fake_log(out_dir, losses_by_step):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [{'step': 1, 'train/loss': 9.0}]
+    lines += [{'step': step, 'validation/loss': loss} for step, loss in losses_by_step]
+    (out_dir / 'log.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in lines))
+
+
+def test_commands(tmp_path):
+    c = cfg(tmp_path, overrides=' --max_iters=7 --mem_len=3')
+    cmd = demos.command(c, 'baseline', 2)
+    assert cmd[:4] == ['train.py', 'config/xl_demo.py', '--seed=2', f'--out_dir={tmp_path}/runs/baseline/seed2']
+    assert cmd.index('--mem_len=0') < cmd.index('--mem_len=3')          # overrides come last and win
+    assert '--init_from=resume' not in cmd and '--always_save_checkpoint=True' in cmd
+    assert demos.command(c, 'infini_delta', 1)[1] == 'config/infini_demo.py'
+    assert '--memory_update=delta' in demos.command(c, 'infini_delta', 1)
+    assert '--sticky=True' in demos.command(c, 'infformer_sticky', 3)
+    (tmp_path / 'runs' / 'xl' / 'seed1').mkdir(parents=True)
+    (tmp_path / 'runs' / 'xl' / 'seed1' / 'ckpt.pt').write_bytes(b'')
+    assert '--init_from=resume' in demos.command(c, 'xl', 1)             # an unfinished run resumes
+    for label, (config, _) in demos.VARIANTS.items():
+        assert (demos.common.REPO / config).exists(), label
+    assert demos.selected('all') == list(demos.VARIANTS)
+    assert 'compressive_no_cmem' not in demos.selected(demos.DEFAULT_VARIANTS)
+
+
+def test_finished_runs_and_summary(tmp_path):
+    c = cfg(tmp_path, overrides=' --max_iters=20')
+    assert demos.max_iters(c, 'xl') == 20 and demos.max_iters(cfg(tmp_path), 'xl') == 1000
+    fake_log(tmp_path / 'runs' / 'xl' / 'seed1', [(10, 5.0), (20, 4.5)])
+    fake_log(tmp_path / 'runs' / 'xl' / 'seed2', [(10, 5.0), (20, 4.1)])
+    fake_log(tmp_path / 'runs' / 'xl' / 'seed3', [(10, 4.0)])          # stopped at step 10: not finished
+    assert [demos.is_done(c, 'xl', s) for s in (1, 2, 3, 4)] == [True, True, False, False]
+    r = demos.summary(c, ['xl', 'lamemo'], [1, 2, 3])
+    assert r['xl']['seeds'] == {1: 4.5, 2: 4.1}
+    assert r['xl']['mean'] == pytest.approx(4.3) and r['xl']['std'] == pytest.approx(statistics.stdev([4.5, 4.1]))
+    assert r['lamemo']['mean'] is None and r['lamemo']['seeds'] == {}
+    assert r['xl']['command'].startswith('python train.py config/xl_demo.py --seed={seed}')
+
+
+def test_bad_input_is_a_one_line_error(tmp_path):
+    for args, fragment in ((['--variants=xl,nope'], "'nope'"), (['--jobs=0'], 'jobs'), (['--seeds=1,x'], 'seeds'),
+                           (['--nonsense=1'], 'nonsense')):
+        r = run_python(['bench/demos.py', f'--out_root={tmp_path}', *args])
+        assert r.returncode == 2
+        assert_one_line_error(r.stderr, fragment)
+
+
+def test_end_to_end(tmp_path, capsys):
+    """Two variants x two seeds of tiny train.py runs in subprocesses, then the summary and longdoc; a second call
+    trains nothing (every run is finished)."""
+    data = dataset(tmp_path / 'data', bytes_tokenizer())
+    argv = ['--variants=baseline,xl', '--seeds=1,2', f'--out_root={tmp_path / "runs"}', '--jobs=2',
+            f'--overrides={TINY} --data_dir={data}', f'--results={tmp_path}', '--split=validation']
+    demos.main(argv)
+    result = json.loads((tmp_path / 'demos.json').read_text())['runs']
+    assert sorted(result) == ['baseline', 'xl'] and all(len(r['seeds']) == 2 for r in result.values())
+    longdoc_result = json.loads((tmp_path / 'longdoc_demos.json').read_text())
+    assert longdoc_result['baseline'] == 'baseline' and list(longdoc_result['labels']) == ['baseline', 'xl']
+    ckpt = train.load_checkpoint(tmp_path / 'runs' / 'baseline' / 'seed2' / 'ckpt.pt')
+    assert ckpt['model_config']['mem_len'] == 0 and ckpt['step'] == 2 and ckpt['train_config']['seed'] == 2
+    capsys.readouterr()
+    demos.main(argv + ['--longdoc=False'])
+    assert 'runs,' not in capsys.readouterr().out                      # nothing left to train
