@@ -81,6 +81,7 @@ class Config:
     cnn_gate: bool = True            # §3.4, Eq. 18: X̃ = sigmoid(Conv1d_k3(X)) ⊙ X before the regression
     kl_weight: float = 1e-6          # λ_KL of Eq. 21 (1e-6 in the authors' runs); 0 = off
     sigma_0: float = 0.05            # σ₀ of the KL prior N(μ, σ₀²)
+    sigma_sq_min: float = 1e-4       # floor of σ² (Eq. 10): 1e-4 the authors' LM code, 1e-6 their sorting code
     ltm_reset_len: int = 0           # > 0: an LTM holding this many vectors is emptied before its next write, as
                                      # the authors' LM code (mem_threshold = 2048, long_term_attention.py:81,
                                      # 293-297; the paper's "memory threshold", §4.2); 0: only reset_memory does
@@ -110,7 +111,7 @@ class Config:
                              f"give at least 2 centres, got {self.n_basis}")
         if not 0.0 < self.tau < 1.0:
             raise ValueError(f"tau must be in (0, 1), got {self.tau}")
-        for name in ('ridge_lambda', 'sigma_0'):
+        for name in ('ridge_lambda', 'sigma_0', 'sigma_sq_min'):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
@@ -354,6 +355,7 @@ class LongTermAttention(nn.Module):
         # the gate (the authors' mask_net) keeps PyTorch's default Conv1d init, as theirs (Model._init_weights skips it)
         self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
         self.scale = 1.0 / math.sqrt(D)
+        self.sigma_sq_min = config.sigma_sq_min
 
     def gated(self, x):
         """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1), smoothing X (B, L, C) before the regression."""
@@ -374,8 +376,8 @@ class LongTermAttention(nn.Module):
         scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
         f32 = torch.promote_types(scores.dtype, torch.float32)                     # the densities: not in bf16
         mu = torch.sigmoid(self.mu_affine(scores)).squeeze(-1).to(f32)              # (B, H, T)     Eq. 9
-        # σ² ≥ 1e-4, as the authors' LM code (long_term_attention.py:332; their sorting code clamps at 1e-6)
-        sigma_sq = F.softplus(self.sigma_affine(scores)).squeeze(-1).to(f32).clamp(min=1e-4)   # Eq. 10
+        # σ² ≥ sigma_sq_min: 1e-4 in the authors' LM code (long_term_attention.py:332), 1e-6 in their sorting code
+        sigma_sq = F.softplus(self.sigma_affine(scores)).squeeze(-1).to(f32).clamp(min=self.sigma_sq_min)  # Eq. 10
         expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
         z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
         return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O

@@ -4,8 +4,8 @@ by the symbols sorted by decreasing frequency; the model must output that order.
 16,000 tokens; a 3-layer transformer (6 heads of 50, d_model 300, d_inner 300) reads them in segments of 1,024
 with an STM of 1,024 and an LTM of N basis functions (the paper: N = 1,024; the run script: 512), the synthetic
 basis widths {0.01, 0.05}, τ = 0.75, ridge λ = 1, M = 512 samples (sorting/long_term_attention.py:72-78), the
-CNN gate, KL 1e-6 toward σ₀ = 0.05; Adam 2e-4, 20,000 steps of 8 sequences. Their sorting code floors σ² at 1e-6,
-ours at 1e-4 (their language-modelling value), and empties the LTM at each new sequence (reset_memory here).
+CNN gate, KL 1e-6 toward σ₀ = 0.05, σ² floored at 1e-6 (their sorting code; 1e-4 in their LM code); Adam 2e-4,
+20,000 steps of 8 sequences. Their code empties the LTM at each new sequence (reset_memory here).
 
 Used by bench/ (the data and the accuracy metric live there, not in train.py): a reader takes the model fields
 below (the names of model_infformer.Config) and the training fields (seq_len, n_symbols, max_iters, batch_size,
@@ -35,6 +35,7 @@ n_samples = 512
 sticky = False
 cnn_gate = True
 kl_weight = 1e-6
+sigma_sq_min = 1e-6
 sigma_0 = 0.05
 batch_size = 8
 learning_rate = 2e-4

@@ -518,3 +518,27 @@ def test_config_parses_widths_and_defaults_are_valid():
 
 def test_flops_per_token_grows_with_n_basis():
     assert make_model(n_basis=32).flops_per_token() > make_model(n_basis=16).flops_per_token() > 0
+
+
+@pytest.mark.parametrize('floor', [1e-4, 1e-6])
+def test_sigma_sq_is_floored_at_sigma_sq_min(floor):
+    """Eq. 10's σ² never goes below sigma_sq_min (1e-4 the authors' LM code, 1e-6 their sorting code), and above
+    the floor it is softplus(affine(scores)) unchanged."""
+    import model_infformer
+    model = make_model(sigma_sq_min=floor)
+    attn = model.layers[0].attn.ltm
+    B, H, T, N, D = 2, 2, 3, 16, 8
+    q = torch.randn(B, H, T, D, dtype=F64)
+    basis = gaussian_basis(N, (0.05, 0.1))
+    read = model_infformer.LTMRead(torch.randn(B, H, N, D, dtype=F64), torch.randn(B, H, N, D, dtype=F64),
+                                   torch.ones(B, dtype=torch.bool), *basis)
+    with torch.no_grad():
+        attn.sigma_affine.bias.fill_(-100.0)                      # softplus(-100) ~ 4e-44: below any floor
+        _, _, sigma_sq = attn(q, read)
+        assert torch.equal(sigma_sq, torch.full_like(sigma_sq, floor))
+        attn.sigma_affine.bias.fill_(0.0)
+        _, _, sigma_sq = attn(q, read)
+        scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * attn.scale
+        torch.testing.assert_close(sigma_sq, F.softplus(attn.sigma_affine(scores)).squeeze(-1))
+    with pytest.raises(ValueError, match='sigma_sq_min'):
+        Config(sigma_sq_min=0.0)
