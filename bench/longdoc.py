@@ -45,6 +45,11 @@ formula above on those differences, seed_se = sqrt(seed_std_label^2 / seeds_labe
 seeds_base) (None unless both have 2+ seeds) and se_total = sqrt(se^2 + seed_se^2): the uncertainty of an
 architecture's difference over other documents and other training seeds.
 
+Cache. Each run's per-token NLLs are kept next to its checkpoint (<ckpt>.longdoc-<digest>.npz; the digest covers the
+checkpoint file's size and modification time, the documents' tokens, --eval_mem_len, precision, --batch_size and
+device), so adding a label or changing --buckets re-reads nothing; --cache=False reads every run afresh and writes
+nothing.
+
 Output: the tables (printed), bench/results/longdoc[_NAME].json (--name; --out overrides the path) with per run
 and per label the bucket rows and the per-document sums (so other statistics can be computed), and a plot (.png
 next to the JSON): the loss against log position (bucket midpoints, error bars: se across documents), and each
@@ -55,7 +60,9 @@ per-document numbers depend on which row read the document (every other model's 
 """
 
 import dataclasses
+import hashlib
 import heapq
+import json
 import math
 import sys
 from dataclasses import dataclass
@@ -89,6 +96,7 @@ class LongDocConfig:
     name: str = ''                    # results in bench/results/longdoc_<name>.json ('' = longdoc.json)
     out: str = ''                     # the JSON path ('' = from --name); the plot goes next to it (.png)
     plot: bool = True
+    cache: bool = True                # keep each run's per-token NLLs next to its checkpoint (<ckpt>.longdoc-*.npz)
 
     def __post_init__(self):
         for name in ('max_tokens_per_doc', 'max_docs'):
@@ -495,8 +503,12 @@ def evaluate(cfg, labels, device, device_type, dtype):
             desc = f"{label} {run}"
             progress = lambda total: tqdm(total=total, desc=desc, unit='seg', dynamic_ncols=True, leave=False,
                                           mininterval=1.0 if sys.stderr.isatty() else 30.0)
-            nlls = document_nll(model, docs.tokens, config.seg_len, cfg.batch_size, device,
-                                train.autocast_context(device_type, dtype), progress)
+            cache = cache_path(path, docs, cfg, dtype, device_type) if cfg.cache else None
+            nlls = read_cache(cache, docs)
+            if nlls is None:
+                nlls = document_nll(model, docs.tokens, config.seg_len, cfg.batch_size, device,
+                                    train.autocast_context(device_type, dtype), progress)
+                write_cache(cache, nlls)
             sums = bucket_sums(nlls, docs.tokens, edges, docs.byte_lengths)
             runs[run] = dict(label=label, checkpoint=str(path), model=ckpt['model_name'], step=ckpt.get('step'),
                              seg_len=config.seg_len, mem_len=getattr(config, 'mem_len', None), sums=sums)
@@ -505,6 +517,36 @@ def evaluate(cfg, labels, device, device_type, dtype):
                                                  zip(bucket_names(edges), S.sum(0), N.sum(0)) if n), flush=True)
             del model
     return docs, edges, runs
+
+
+def cache_path(path, docs, cfg, dtype, device_type):
+    """Where a run's per-token NLLs are kept: next to the checkpoint, named by a digest of everything they depend
+    on (the checkpoint file's size and time, the documents' tokens, the memory length, precision, rows, device)."""
+    stat = Path(path).stat()
+    h = hashlib.sha256(json.dumps([stat.st_size, stat.st_mtime_ns, cfg.eval_mem_len, str(dtype), cfg.batch_size,
+                                   device_type]).encode())
+    for t in docs.tokens:
+        h.update(np.int64(len(t)).tobytes())
+        h.update(np.ascontiguousarray(t, dtype=np.int64).tobytes())
+    return Path(path).with_name(f'{Path(path).name}.longdoc-{h.hexdigest()[:16]}.npz')
+
+
+def read_cache(cache, docs):
+    if cache is None or not cache.exists():
+        return None
+    with np.load(cache, allow_pickle=False) as f:
+        flat, counts = f['nll'], f['counts']
+    if list(counts) != [max(0, len(t) - 1) for t in docs.tokens]:
+        return None
+    print(f"(cached: {cache})", flush=True)
+    return np.split(flat, np.cumsum(counts)[:-1])
+
+
+def write_cache(cache, nlls):
+    if cache is not None:
+        tmp = cache.with_name(cache.name + '.tmp.npz')
+        np.savez(tmp, nll=np.concatenate(nlls) if nlls else np.zeros(0), counts=np.array([len(n) for n in nlls]))
+        tmp.replace(cache)
 
 
 def build_result(cfg, labels, docs, edges, runs):

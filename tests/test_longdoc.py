@@ -321,3 +321,31 @@ def test_command_line_error_in_a_fresh_process(tmp_path):
     r = run_python(['bench/longdoc.py', f'--runs=a:{tmp_path}', '--device=cpu'])
     assert r.returncode == 2
     assert_one_line_error(r.stderr, 'no checkpoint at')
+
+
+def test_cache_is_reused_and_invalidated(runs, tmp_path, capsys):
+    """The per-token NLLs are kept next to the checkpoint: a second read uses them (same result, printed as cached);
+    a checkpoint written again (new mtime) or other documents are read afresh; --cache=False writes nothing."""
+    import os
+    data, out = runs
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'ckpt.pt').write_bytes((out['xl'][0] / 'ckpt.pt').read_bytes())
+    args = [f'--runs=a:{run}', '--device=cpu', '--batch_size=2', '--plot=False']
+    longdoc.main(args + [f'--out={tmp_path}/1.json'])
+    first = json.loads((tmp_path / '1.json').read_text())
+    assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 1
+    longdoc.main(args + [f'--out={tmp_path}/2.json', '--buckets=8,32'])
+    second = json.loads((tmp_path / '2.json').read_text())
+    assert 'cached' in capsys.readouterr().out
+    assert second['runs'][str(run)]['doc_nll_sums'] != first['runs'][str(run)]['doc_nll_sums']  # other buckets
+    assert sum(map(sum, second['runs'][str(run)]['doc_nll_sums'])) == pytest.approx(
+        sum(map(sum, first['runs'][str(run)]['doc_nll_sums'])))
+    longdoc.main(args + [f'--out={tmp_path}/3.json', '--max_tokens_per_doc=20'])          # other documents
+    assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 2
+    st = (run / 'ckpt.pt').stat()
+    os.utime(run / 'ckpt.pt', ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))               # "trained again"
+    longdoc.main(args + [f'--out={tmp_path}/4.json'])
+    assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 3
+    longdoc.main(args + [f'--out={tmp_path}/5.json', '--cache=False', '--split=test'])
+    assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 3
