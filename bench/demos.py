@@ -11,8 +11,9 @@ A run is `python train.py CONFIG --seed=S --out_dir=OUT_ROOT/LABEL/seedS FLAGS` 
 that many at once, each with cores/jobs threads. A finished run (its log.jsonl has the evaluation at max_iters)
 is not run again; an unfinished one with a checkpoint resumes. --overrides=' --max_iters=20' appends train.py
 flags to every run (quick checks). Results: bench/results/demos[_NAME].json (validation loss per seed, mean, std)
-and bench/results/longdoc_demos[_NAME].json/.png (bench/longdoc.py, every label against 'baseline'); --results
-names another folder.
+and bench/results/longdoc_demos[_NAME].json/.png (bench/longdoc.py, every label against 'baseline'), plus
+longdoc_demos[_NAME]_vs_CONTROL.json for the variants that have a matched control (MATCHED); --results names
+another folder.
 """
 
 import concurrent.futures
@@ -28,8 +29,13 @@ import common  # noqa: E402  (bench/common.py puts the repository on sys.path)
 import longdoc  # noqa: E402
 import train  # noqa: E402
 
-# label -> (config file, extra train.py flags). The controls: baseline is xl_demo with no memory (mem_len 0), and
-# compressive_no_cmem is compressive_demo without the compressed memory (cmem_len 0: XL with eval memory 64).
+# label -> (config file, extra train.py flags). The controls (not run by default, except the baseline):
+# - baseline: xl_demo with no memory (mem_len 0);
+# - compressive_no_cmem: compressive_demo without the compressed memory (cmem_len 0: XL with eval memory 64);
+# - baseline_2x4: the baseline fed as infini_demo is (2 streams x 4 consecutive segments a step): what reading 2
+#   streams instead of 8 costs a model with no memory;
+# - infini_linear_bptt1: infini_demo with 8 streams and no backpropagation through the memory (bptt 1), the
+#   memory still emptied every 4 segments.
 VARIANTS = {
     'baseline': ('config/xl_demo.py', ['--mem_len=0', '--eval_mem_len=0']),
     'xl': ('config/xl_demo.py', []),
@@ -40,8 +46,14 @@ VARIANTS = {
     'infini_delta': ('config/infini_demo.py', ['--memory_update=delta']),
     'infformer': ('config/infformer_demo.py', []),
     'infformer_sticky': ('config/infformer_demo.py', ['--sticky=True']),
+    'baseline_2x4': ('config/xl_demo.py', ['--mem_len=0', '--eval_mem_len=0', '--batch_size=2', '--bptt_segments=4']),
+    'infini_linear_bptt1': ('config/infini_demo.py', ['--batch_size=8', '--bptt_segments=1']),
 }
-DEFAULT_VARIANTS = ','.join(v for v in VARIANTS if v != 'compressive_no_cmem')
+CONTROLS = ('compressive_no_cmem', 'baseline_2x4', 'infini_linear_bptt1')
+# a control whose data layout matches other variants better than the baseline's: they are compared with it too
+MATCHED = {'baseline_2x4': ('infini_linear', 'infini_delta', 'infini_linear_bptt1'),
+           'compressive_no_cmem': ('compressive',)}
+DEFAULT_VARIANTS = ','.join(v for v in VARIANTS if v not in CONTROLS)
 
 
 @dataclasses.dataclass
@@ -49,7 +61,8 @@ class DemosConfig:
     variants: str = DEFAULT_VARIANTS  # labels of VARIANTS, comma-separated ('all' = with the controls)
     seeds: str = '1,2,3'
     out_root: str = 'out-demos'       # runs in OUT_ROOT/LABEL/seedS
-    jobs: int = 2                     # runs at once; each gets cores // jobs threads
+    jobs: int = 2                     # runs at once
+    threads: int = 0                  # threads per run; 0 = cores // jobs
     overrides: str = ''               # extra train.py flags for every run, e.g. ' --max_iters=20'
     longdoc: bool = True              # then bench/longdoc.py on the finished runs
     split: str = 'validation,test'    # longdoc's documents
@@ -59,8 +72,8 @@ class DemosConfig:
     train: bool = True                # False: only summarise the runs already finished (no training)
 
     def __post_init__(self):
-        if self.jobs < 1:
-            raise ValueError(f"jobs must be >= 1, got {self.jobs}")
+        if self.jobs < 1 or self.threads < 0:
+            raise ValueError(f"jobs must be >= 1 and threads >= 0, got {self.jobs} and {self.threads}")
 
 
 def selected(variants):
@@ -115,7 +128,7 @@ def launch(cmd, threads, log_path):
 
 def train_all(cfg, labels, seeds):
     todo = [(label, s) for s in seeds for label in labels if not is_done(cfg, label, s)]   # seed by seed
-    threads = max(1, (os.cpu_count() or 1) // cfg.jobs)
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs)
     for label, s in todo:
         print('python', shlex.join(command(cfg, label, s)))
     if cfg.dry_run or not todo:
@@ -166,6 +179,12 @@ def main(argv=None):
             baseline = ['--baseline=baseline'] if done.get('baseline') else []
             longdoc.main([f"--runs={';'.join(groups)}", *baseline, f'--split={cfg.split}',
                           f'--out={results / f"longdoc_demos{suffix}.json"}'])
+            for control, others in MATCHED.items():              # the same comparison against a matched control
+                labels_here = [label for label in (control, *others) if done.get(label)]
+                if done.get(control) and len(labels_here) > 1:
+                    longdoc.main([f"--runs={';'.join(f'{x}:' + ','.join(done[x]) for x in labels_here)}",
+                                  f'--baseline={control}', f'--split={cfg.split}',
+                                  f'--out={results / f"longdoc_demos{suffix}_vs_{control}.json"}'])
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

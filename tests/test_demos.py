@@ -50,7 +50,7 @@ def test_commands(tmp_path):
     for label, (config, _) in demos.VARIANTS.items():
         assert (demos.common.REPO / config).exists(), label
     assert demos.selected('all') == list(demos.VARIANTS)
-    assert 'compressive_no_cmem' not in demos.selected(demos.DEFAULT_VARIANTS)
+    assert not set(demos.CONTROLS) & set(demos.selected(demos.DEFAULT_VARIANTS))
 
 
 def test_finished_runs_and_summary(tmp_path):
@@ -68,7 +68,8 @@ def test_finished_runs_and_summary(tmp_path):
 
 
 def test_bad_input_is_a_one_line_error(tmp_path):
-    for args, fragment in ((['--variants=xl,nope'], "'nope'"), (['--jobs=0'], 'jobs'), (['--seeds=1,x'], 'seeds'),
+    for args, fragment in ((['--variants=xl,nope'], "'nope'"), (['--jobs=0'], 'jobs'), (['--threads=-1'], 'threads'),
+                           (['--seeds=1,x'], 'seeds'),
                            (['--nonsense=1'], 'nonsense')):
         r = run_python(['bench/demos.py', f'--out_root={tmp_path}', *args])
         assert r.returncode == 2
@@ -91,3 +92,14 @@ def test_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     demos.main(argv + ['--longdoc=False'])
     assert 'runs,' not in capsys.readouterr().out                      # nothing left to train
+
+
+def test_matched_control(tmp_path):
+    """Infini's demo reads 2 streams x 4 segments a step: it is also compared with the baseline fed the same way."""
+    data = dataset(tmp_path / 'data', bytes_tokenizer())
+    demos.main(['--variants=baseline_2x4,infini_linear', '--seeds=1', f'--out_root={tmp_path / "runs"}', '--jobs=2',
+                f'--overrides={TINY} --data_dir={data}', f'--results={tmp_path}', '--split=validation'])
+    ckpt = train.load_checkpoint(tmp_path / 'runs' / 'baseline_2x4' / 'seed1' / 'ckpt.pt')
+    assert (ckpt['train_config']['batch_size'], ckpt['train_config']['bptt_segments']) == (2, 4)
+    matched = json.loads((tmp_path / 'longdoc_demos_vs_baseline_2x4.json').read_text())
+    assert matched['baseline'] == 'baseline_2x4' and list(matched['labels']) == ['baseline_2x4', 'infini_linear']
