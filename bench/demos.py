@@ -12,8 +12,9 @@ that many at once, each with cores/jobs threads. A finished run (its log.jsonl h
 is not run again; an unfinished one with a checkpoint resumes. --overrides=' --max_iters=20' appends train.py
 flags to every run (quick checks). Results: bench/results/demos[_NAME].json (validation loss per seed, mean, std)
 and bench/results/longdoc_demos[_NAME].json/.png (bench/longdoc.py, every label against 'baseline'), plus
-longdoc_demos[_NAME]_vs_CONTROL.json for the variants that have a matched control (MATCHED); --results names
-another folder.
+longdoc_demos[_NAME]_vs_CONTROL.json for the variants that have a matched control (MATCHED), and
+longdoc_demos[_NAME]_ABLATION.json for the same checkpoints read otherwise (ABLATIONS: XL without its memory, Infini
+with its memory emptied as in training); --results names another folder.
 """
 
 import concurrent.futures
@@ -52,7 +53,15 @@ VARIANTS = {
 CONTROLS = ('compressive_no_cmem', 'baseline_2x4', 'infini_linear_bptt1')
 # a control whose data layout matches other variants better than the baseline's: they are compared with it too
 MATCHED = {'baseline_2x4': ('infini_linear', 'infini_delta', 'infini_linear_bptt1'),
-           'compressive_no_cmem': ('compressive',)}
+           'compressive_no_cmem': ('compressive',),
+           'xl': ('lamemo', 'compressive', 'infformer', 'infformer_sticky')}   # what they add to XL's memory
+# the same checkpoints evaluated otherwise (bench/longdoc.py flags): label -> (variant, flags)
+# - xl_nomem: XL's weights with the memory taken away (what XL's memory itself is worth, at every position);
+# - infini_*_as_trained: Infini with its memory emptied every reset_every segments of a document, as in training
+#   (the main table reads every document with one memory from its start).
+ABLATIONS = {'xl_nomem': ('xl', ['--eval_mem_len=0']),
+             'infini_linear_as_trained': ('infini_linear', ['--reset_every=-1']),
+             'infini_delta_as_trained': ('infini_delta', ['--reset_every=-1'])}
 DEFAULT_VARIANTS = ','.join(v for v in VARIANTS if v not in CONTROLS)
 
 
@@ -185,6 +194,10 @@ def main(argv=None):
                     longdoc.main([f"--runs={';'.join(f'{x}:' + ','.join(done[x]) for x in labels_here)}",
                                   f'--baseline={control}', f'--split={cfg.split}',
                                   f'--out={results / f"longdoc_demos{suffix}_vs_{control}.json"}'])
+            for label, (variant, flags) in ABLATIONS.items():
+                if done.get(variant):
+                    longdoc.main([f"--runs={label}:{','.join(done[variant])}", *flags, f'--split={cfg.split}',
+                                  f'--out={results / f"longdoc_demos{suffix}_{label}.json"}'])
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

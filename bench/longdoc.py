@@ -21,7 +21,9 @@ every document after its first is predicted exactly once, from exactly the token
 position p is the index in its document of the predicted token (p >= 1; the first token has no context and is not
 scored). --max_tokens_per_doc reads only the first N tokens of every document (quick runs), --max_docs the first N
 documents. Eval mode, no gradient; --eval_mem_len gives a model that has mem_len another memory length (as
-train.py --eval_only --mem_len=... does: the weights are the same).
+train.py --eval_only --mem_len=... does: the weights are the same). --reset_every=k also empties the memory before
+segments k, 2k, ... of every document, as train.py's reset_every does in training and evaluation (Infini-attention's
+inputs of k segments); -1 takes each run's own training value.
 
 Buckets of position (--buckets=64,256,1024,4096 -> [0,64) [64,256) [256,1024) [1024,4096) [4096,end)). Per run,
 per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all documents; and where
@@ -46,8 +48,8 @@ seeds_base) (None unless both have 2+ seeds) and se_total = sqrt(se^2 + seed_se^
 architecture's difference over other documents and other training seeds.
 
 Cache. Each run's per-token NLLs are kept next to its checkpoint (<ckpt>.longdoc-<digest>.npz; the digest covers the
-checkpoint file's size and modification time, the documents' tokens, --eval_mem_len, precision, --batch_size and
-device), so adding a label or changing --buckets re-reads nothing; --cache=False reads every run afresh and writes
+checkpoint file's size and modification time, the documents' tokens, --eval_mem_len, the resets, precision,
+--batch_size and device), so adding a label or changing --buckets re-reads nothing; --cache=False reads every run afresh and writes
 nothing.
 
 Output: the tables (printed), bench/results/longdoc[_NAME].json (--name; --out overrides the path) with per run
@@ -91,6 +93,8 @@ class LongDocConfig:
     max_docs: int = 0                 # only the first N documents of the split(s); 0 = all
     batch_size: int = 8               # documents read in parallel (rows)
     eval_mem_len: int = -1            # -1 = the model's own mem_len (only for models with a mem_len)
+    reset_every: int = 0              # also empty the memory every k segments of a document (Infini's inputs of k
+                                      # segments); 0 = only at document starts; -1 = as each run was trained
     device: str = 'auto'              # auto = cuda, then mps, then cpu
     dtype: str = 'auto'               # auto = bfloat16 on CUDA, float32 elsewhere (as train.py evaluates)
     name: str = ''                    # results in bench/results/longdoc_<name>.json ('' = longdoc.json)
@@ -108,6 +112,8 @@ class LongDocConfig:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.eval_mem_len < -1:
             raise ValueError(f"eval_mem_len must be >= 0 (or -1 for mem_len), got {self.eval_mem_len}")
+        if self.reset_every < -1:
+            raise ValueError(f"reset_every must be >= 0 (or -1 for the run's training value), got {self.reset_every}")
         if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         for s in self.split.split(','):
@@ -266,8 +272,9 @@ def schedule(lengths, seg_len, batch_size):
 
 
 @torch.no_grad()
-def document_nll(model, docs_tokens, seg_len, batch_size, device, ctx=None, progress=None):
-    """Per-token NLL (nats) of every document read from its start with an empty memory, documents in parallel rows.
+def document_nll(model, docs_tokens, seg_len, batch_size, device, ctx=None, progress=None, reset_every=0):
+    """Per-token NLL (nats) of every document read from its start with an empty memory, documents in parallel rows;
+    with reset_every = k > 0 the memory is also emptied before segments k, 2k, ... of a document.
     docs_tokens: list of int arrays. -> list of float64 arrays, nll[d][p - 1] = NLL of token p of document d
     (p = 1 ... len - 1)."""
     from contextlib import nullcontext
@@ -294,6 +301,8 @@ def document_nll(model, docs_tokens, seg_len, batch_size, device, ctx=None, prog
             if current[b] is None:
                 continue                    # this row has no document left: padding, ignored
             d, k = current[b]
+            if reset_every and k and k % reset_every == 0:
+                reset[b] = True             # a new input of reset_every segments within the document
             a = k * T
             n = min(T, lengths[d] - 1 - a)  # inputs a ... a + n - 1 predict positions a + 1 ... a + n
             x[b, :n] = torch.from_numpy(docs_tokens[d][a:a + n])
@@ -503,15 +512,17 @@ def evaluate(cfg, labels, device, device_type, dtype):
             desc = f"{label} {run}"
             progress = lambda total: tqdm(total=total, desc=desc, unit='seg', dynamic_ncols=True, leave=False,
                                           mininterval=1.0 if sys.stderr.isatty() else 30.0)
-            cache = cache_path(path, docs, cfg, dtype, device_type) if cfg.cache else None
+            reset_every = ckpt['train_config'].get('reset_every', 0) if cfg.reset_every == -1 else cfg.reset_every
+            cache = cache_path(path, docs, cfg, dtype, device_type, reset_every) if cfg.cache else None
             nlls = read_cache(cache, docs)
             if nlls is None:
                 nlls = document_nll(model, docs.tokens, config.seg_len, cfg.batch_size, device,
-                                    train.autocast_context(device_type, dtype), progress)
+                                    train.autocast_context(device_type, dtype), progress, reset_every)
                 write_cache(cache, nlls)
             sums = bucket_sums(nlls, docs.tokens, edges, docs.byte_lengths)
             runs[run] = dict(label=label, checkpoint=str(path), model=ckpt['model_name'], step=ckpt.get('step'),
-                             seg_len=config.seg_len, mem_len=getattr(config, 'mem_len', None), sums=sums)
+                             seg_len=config.seg_len, mem_len=getattr(config, 'mem_len', None),
+                             reset_every=reset_every, sums=sums)
             S, N, _ = sums
             print(f"{label} {run}: " + ', '.join(f"{name} {s / n:.4f}" for name, s, n in
                                                  zip(bucket_names(edges), S.sum(0), N.sum(0)) if n), flush=True)
@@ -519,12 +530,13 @@ def evaluate(cfg, labels, device, device_type, dtype):
     return docs, edges, runs
 
 
-def cache_path(path, docs, cfg, dtype, device_type):
+def cache_path(path, docs, cfg, dtype, device_type, reset_every=0):
     """Where a run's per-token NLLs are kept: next to the checkpoint, named by a digest of everything they depend
-    on (the checkpoint file's size and time, the documents' tokens, the memory length, precision, rows, device)."""
+    on (the checkpoint file's size and time, the documents' tokens, the memory length and resets, precision, rows,
+    device)."""
     stat = Path(path).stat()
-    h = hashlib.sha256(json.dumps([stat.st_size, stat.st_mtime_ns, cfg.eval_mem_len, str(dtype), cfg.batch_size,
-                                   device_type]).encode())
+    key = [stat.st_size, stat.st_mtime_ns, cfg.eval_mem_len, str(dtype), cfg.batch_size, device_type]
+    h = hashlib.sha256(json.dumps(key + ([reset_every] if reset_every else [])).encode())
     for t in docs.tokens:
         h.update(np.int64(len(t)).tobytes())
         h.update(np.ascontiguousarray(t, dtype=np.int64).tobytes())

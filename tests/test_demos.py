@@ -87,6 +87,10 @@ def test_end_to_end(tmp_path, capsys):
     assert sorted(result) == ['baseline', 'xl'] and all(len(r['seeds']) == 2 for r in result.values())
     longdoc_result = json.loads((tmp_path / 'longdoc_demos.json').read_text())
     assert longdoc_result['baseline'] == 'baseline' and list(longdoc_result['labels']) == ['baseline', 'xl']
+    nomem = json.loads((tmp_path / 'longdoc_demos_xl_nomem.json').read_text())    # XL's weights, memory 0
+    assert nomem['config']['eval_mem_len'] == 0 and len(nomem['labels']['xl_nomem']['runs']) == 2
+    assert all(r['mem_len'] == 0 for r in nomem['runs'].values())
+    assert not (tmp_path / 'longdoc_demos_vs_xl.json').exists()          # nothing to compare with XL
     ckpt = train.load_checkpoint(tmp_path / 'runs' / 'baseline' / 'seed2' / 'ckpt.pt')
     assert ckpt['model_config']['mem_len'] == 0 and ckpt['step'] == 2 and ckpt['train_config']['seed'] == 2
     capsys.readouterr()
@@ -103,3 +107,5 @@ def test_matched_control(tmp_path):
     assert (ckpt['train_config']['batch_size'], ckpt['train_config']['bptt_segments']) == (2, 4)
     matched = json.loads((tmp_path / 'longdoc_demos_vs_baseline_2x4.json').read_text())
     assert matched['baseline'] == 'baseline_2x4' and list(matched['labels']) == ['baseline_2x4', 'infini_linear']
+    as_trained = json.loads((tmp_path / 'longdoc_demos_infini_linear_as_trained.json').read_text())
+    assert [r['reset_every'] for r in as_trained['runs'].values()] == [4]   # infini_demo's inputs of 4 segments

@@ -303,6 +303,7 @@ def test_bad_input_is_a_one_line_error(runs, tmp_path, capsys):
              ([f'--runs=a:{run}', '--buckets=64,16'], '--buckets'),
              ([f'--runs=a:{run}', f'--runs=b:{run}'], 'given twice'),
              (['--split=dev'], 'split'),
+             ([f'--runs={run}', '--reset_every=-2'], 'reset_every'),
              ([], '--runs is required')]
     for argv, fragment in cases:
         assert fragment in error_of(capsys, argv + ['--device=cpu', '--plot=False', f'--out={tmp_path / "x.json"}'])
@@ -349,3 +350,23 @@ def test_cache_is_reused_and_invalidated(runs, tmp_path, capsys):
     assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 3
     longdoc.main(args + [f'--out={tmp_path}/5.json', '--cache=False', '--split=test'])
     assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 3
+    longdoc.main(args + [f'--out={tmp_path}/6.json', '--reset_every=-1'])       # trained without resets: the same
+    assert 'cached' in capsys.readouterr().out
+    longdoc.main(args + [f'--out={tmp_path}/7.json', '--reset_every=2'])        # other resets: read afresh
+    assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 4
+    assert json.loads((tmp_path / '7.json').read_text())['runs'][str(run)]['reset_every'] == 2
+
+
+@pytest.mark.parametrize('name', ['xl', 'infini'])
+def test_reset_every_reads_each_input_of_k_segments_alone(name):
+    """reset_every = k: a document's NLLs are those of its inputs of k segments (tokens [i kT, (i + 1) kT], one
+    shared with the next input) each read alone with a fresh memory; without the reset they differ."""
+    model, docs = tiny_model(name), random_docs()
+    T, k = model.config.seg_len, 2
+    got = longdoc.document_nll(model, docs, T, 3, 'cpu', reset_every=k)
+    for d, t in enumerate(docs):
+        chunks = [naive_nll(model, t[a:a + k * T + 1], T) for a in range(0, max(0, len(t) - 1), k * T)]
+        expected = np.concatenate(chunks) if chunks else np.zeros(0)
+        np.testing.assert_allclose(got[d], expected, rtol=1e-5, atol=1e-5, err_msg=f"{name} doc {d}")
+    plain = longdoc.document_nll(model, docs, T, 3, 'cpu')
+    assert max(np.abs(g - p).max() for g, p in zip(got, plain) if len(g) > k * T) > 1e-4
