@@ -49,8 +49,8 @@ architecture's difference over other documents and other training seeds.
 
 Cache. Each run's per-token NLLs are kept next to its checkpoint (<ckpt>.longdoc-<digest>.npz; the digest covers the
 checkpoint file's size and modification time, the documents' tokens, --eval_mem_len, the resets, precision,
---batch_size and device), so adding a label or changing --buckets re-reads nothing; --cache=False reads every run afresh and writes
-nothing.
+--batch_size and device), so adding a label or changing --buckets re-reads nothing; --cache=False reads every run
+afresh and writes nothing.
 
 Output: the tables (printed), bench/results/longdoc[_NAME].json (--name; --out overrides the path) with per run
 and per label the bucket rows and the per-document sums (so other statistics can be computed), and a plot (.png
