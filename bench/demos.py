@@ -183,21 +183,21 @@ def main(argv=None):
         suffix, results = (f'_{cfg.name}' if cfg.name else ''), Path(cfg.results or common.RESULTS)
         common.write_json(results / f'demos{suffix}.json', {'runs': result}, 'bench/demos.py', argv)
         done = {label: [str(run_dir(cfg, label, s)) for s in seeds if is_done(cfg, label, s)] for label in labels}
-        groups = [f"{label}:{','.join(dirs)}" for label, dirs in done.items() if dirs]
+        groups = {label: f"{label}:{','.join(dirs)}" for label, dirs in done.items() if dirs}   # longdoc --runs
+
+        def longdoc_to(name, runs, *flags):              # -> longdoc_demos[_NAME]{name}.json
+            longdoc.main([f"--runs={';'.join(runs)}", *flags, f'--split={cfg.split}',
+                          f'--out={results / f"longdoc_demos{suffix}{name}.json"}'])
+
         if cfg.longdoc and groups:
-            baseline = ['--baseline=baseline'] if done.get('baseline') else []
-            longdoc.main([f"--runs={';'.join(groups)}", *baseline, f'--split={cfg.split}',
-                          f'--out={results / f"longdoc_demos{suffix}.json"}'])
+            longdoc_to('', groups.values(), *(['--baseline=baseline'] if 'baseline' in groups else []))
             for control, others in MATCHED.items():              # the same comparison against a matched control
-                labels_here = [label for label in (control, *others) if done.get(label)]
-                if done.get(control) and len(labels_here) > 1:
-                    longdoc.main([f"--runs={';'.join(f'{x}:' + ','.join(done[x]) for x in labels_here)}",
-                                  f'--baseline={control}', f'--split={cfg.split}',
-                                  f'--out={results / f"longdoc_demos{suffix}_vs_{control}.json"}'])
-            for label, (variant, flags) in ABLATIONS.items():
-                if done.get(variant):
-                    longdoc.main([f"--runs={label}:{','.join(done[variant])}", *flags, f'--split={cfg.split}',
-                                  f'--out={results / f"longdoc_demos{suffix}_{label}.json"}'])
+                here = [groups[x] for x in (control, *others) if x in groups]
+                if control in groups and len(here) > 1:
+                    longdoc_to(f'_vs_{control}', here, f'--baseline={control}')
+            for label, (variant, flags) in ABLATIONS.items():   # the same checkpoints, read otherwise
+                if variant in groups:
+                    longdoc_to(f'_{label}', [f"{label}:{','.join(done[variant])}"], *flags)
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

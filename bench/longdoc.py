@@ -536,7 +536,7 @@ def cache_path(path, docs, cfg, dtype, device_type, reset_every=0):
     device)."""
     stat = Path(path).stat()
     key = [stat.st_size, stat.st_mtime_ns, cfg.eval_mem_len, str(dtype), cfg.batch_size, device_type]
-    h = hashlib.sha256(json.dumps(key + ([reset_every] if reset_every else [])).encode())
+    h = hashlib.sha256(json.dumps(key + ([reset_every] if reset_every else [])).encode())   # (no resets: older key)
     for t in docs.tokens:
         h.update(np.int64(len(t)).tobytes())
         h.update(np.ascontiguousarray(t, dtype=np.int64).tobytes())
