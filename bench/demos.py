@@ -15,16 +15,29 @@ and bench/results/longdoc_demos[_NAME].json/.png (bench/longdoc.py, every label 
 longdoc_demos[_NAME]_vs_CONTROL.json for the variants that have a matched control (MATCHED), and
 longdoc_demos[_NAME]_ABLATION.json for the same checkpoints read otherwise (ABLATIONS: XL without its memory, Infini
 with its memory emptied as in training); --results names another folder.
+
+An ablation's JSON also holds 'vs_as_trained': the ablation minus the same checkpoints read as trained, paired by
+document and seed (same_weights).
+
+--suite=bytes runs the byte-level comparison instead (issue 16, item 3: does a memory pay beyond its window at
+byte level): config/xl_bytes_demo.py (vocabulary 256, segment 128, 1,500 steps) without memory, with a memory of 128
+and with one of 512, read by position in bytes (BYTE_BUCKETS); the Compressive Transformer reaching as far as the
+512 memory with 320 slots (128 + 2 x 192) when named. Runs in OUT_ROOT = out-demos-bytes, results named
+demos_bytes*; a longer budget is --overrides=' --max_iters=4500 --eval_interval=1500' with its own --out_root
+and --name.
 """
 
 import concurrent.futures
 import dataclasses
 import json
+import math
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 import common  # noqa: E402  (bench/common.py puts the repository on sys.path)
 import longdoc  # noqa: E402
@@ -62,20 +75,64 @@ MATCHED = {'baseline_2x4': ('infini_linear', 'infini_delta', 'infini_linear_bptt
 ABLATIONS = {'xl_nomem': ('xl', ['--eval_mem_len=0']),
              'infini_linear_as_trained': ('infini_linear', ['--reset_every=-1']),
              'infini_delta_as_trained': ('infini_delta', ['--reset_every=-1'])}
-DEFAULT_VARIANTS = ','.join(v for v in VARIANTS if v not in CONTROLS)
+
+# The byte-level suite: the same 4-layer model at vocabulary 256 (config/xl_bytes_demo.py: segment 128, 8 streams,
+# 1,500 steps), where a model draws more of its loss from far back (speaker names, repeated words) and the
+# attention window is a few dozen words. Every model reads 128 new bytes a step and differs only in what it keeps:
+# - baseline: no memory (a token sees at most the 127 bytes before it in its segment);
+# - xl: a memory of 128 (a layer attends 128..255 bytes back; through 4 layers up to 4 x 128 + 127);
+# - xl_mem512: a memory of 512 (a layer 512..639 bytes back; through 4 layers up to 4 x 512 + 127);
+# - compressive: FIFO 128 + compressed memory 192 at the paper's PG-19 rate c = 2 (128 + 384 = 512 bytes behind
+#   the segment, as far as xl_mem512, with 320 memory slots instead of 512; the enwik8 rate c = 3 does not divide
+#   the segment of 128), conv f_c, attention-reconstruction loss (config/compressive_bytes_demo.py reshaped to
+#   segment 128 and xl_bytes_demo's schedule). Run only when named (--variants=all or compressive).
+_BYTES = 'config/xl_bytes_demo.py'
+BYTE_VARIANTS = {
+    'baseline': (_BYTES, ['--mem_len=0', '--eval_mem_len=0']),
+    'xl': (_BYTES, ['--eval_mem_len=128']),
+    'xl_mem512': (_BYTES, ['--mem_len=512', '--eval_mem_len=512']),
+    'compressive': ('config/compressive_bytes_demo.py', [
+        '--seg_len=128', '--mem_len=128', '--cmem_len=192', '--compression_rate=2',
+        '--max_iters=1500', '--eval_interval=500', '--eval_tokens=65536', '--eval_batch_size=8']),
+}
+# xl_mem512 and compressive against xl: what the memory beyond XL's 128 slots adds; the same weights with less memory
+BYTE_MATCHED = {'xl': ('xl_mem512', 'compressive')}
+BYTE_ABLATIONS = {'xl_nomem': ('xl', ['--eval_mem_len=0']),
+                  'xl_mem512_at128': ('xl_mem512', ['--eval_mem_len=128']),
+                  'xl_mem512_nomem': ('xl_mem512', ['--eval_mem_len=0'])}
+# position buckets in bytes: [0,128) inside the first segment, [128,256) within XL's window, [256,640) within
+# xl_mem512's and compressive's one-layer reach, then far beyond every window
+BYTE_BUCKETS = '128,256,640,2048,8192'
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    variants: dict     # label -> (config file, extra train.py flags)
+    controls: tuple    # labels run only when named (or with --variants=all)
+    matched: dict      # control -> the variants also compared with it
+    ablations: dict    # label -> (variant, bench/longdoc.py flags): the same checkpoints read otherwise
+    buckets: str       # bench/longdoc.py --buckets
+    out_root: str      # default OUT_ROOT
+    name: str          # default results name
+
+
+SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4096', 'out-demos', ''),
+          'bytes': Suite(BYTE_VARIANTS, ('compressive',), BYTE_MATCHED, BYTE_ABLATIONS, BYTE_BUCKETS,
+                         'out-demos-bytes', 'bytes')}
 
 
 @dataclasses.dataclass
 class DemosConfig:
-    variants: str = DEFAULT_VARIANTS  # labels of VARIANTS, comma-separated ('all' = with the controls)
+    suite: str = 'tokens'             # tokens (the GPT-2-token demos) or bytes (BYTE_VARIANTS)
+    variants: str = ''                # labels of the suite, comma-separated ('' = all but the controls, 'all')
     seeds: str = '1,2,3'
-    out_root: str = 'out-demos'       # runs in OUT_ROOT/LABEL/seedS
+    out_root: str = ''                # runs in OUT_ROOT/LABEL/seedS ('' = out-demos, out-demos-bytes)
     jobs: int = 2                     # runs at once
     threads: int = 0                  # threads per run; 0 = cores // jobs
     overrides: str = ''               # extra train.py flags for every run, e.g. ' --max_iters=20'
     longdoc: bool = True              # then bench/longdoc.py on the finished runs
     split: str = 'validation,test'    # longdoc's documents
-    name: str = ''                    # results: demos[_NAME].json, longdoc_demos[_NAME].json
+    name: str = ''                    # results: demos[_NAME].json, longdoc_demos[_NAME].json ('' = suite's)
     results: str = ''                 # the folder of those ('' = bench/results)
     dry_run: bool = False             # print the train.py commands and stop
     train: bool = True                # False: only summarise the runs already finished (no training)
@@ -83,13 +140,24 @@ class DemosConfig:
     def __post_init__(self):
         if self.jobs < 1 or self.threads < 0:
             raise ValueError(f"jobs must be >= 1 and threads >= 0, got {self.jobs} and {self.threads}")
+        if self.suite not in SUITES:
+            raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {self.suite!r}")
+        suite = SUITES[self.suite]
+        self.variants = self.variants or ','.join(v for v in suite.variants if v not in suite.controls)
+        self.out_root = self.out_root or suite.out_root
+        self.name = self.name or suite.name
+
+    @property
+    def table(self):
+        return SUITES[self.suite]
 
 
-def selected(variants):
-    names = list(VARIANTS) if variants == 'all' else [v for v in variants.split(',') if v]
-    unknown = [n for n in names if n not in VARIANTS]
+def selected(cfg):
+    variants = cfg.table.variants
+    names = list(variants) if cfg.variants == 'all' else [v for v in cfg.variants.split(',') if v]
+    unknown = [n for n in names if n not in variants]
     if unknown:
-        raise train.UserError(f"unknown variant {unknown[0]!r}; known: {', '.join(VARIANTS)}")
+        raise train.UserError(f"unknown variant {unknown[0]!r} of suite {cfg.suite}; known: {', '.join(variants)}")
     return names
 
 
@@ -109,7 +177,7 @@ def final_eval(out_dir):
 
 def max_iters(cfg, label):
     """max_iters of a run as train.py will see it (config file, then --overrides)."""
-    config, flags = VARIANTS[label]
+    config, flags = cfg.table.variants[label]
     tcfg, _, _, _ = train.parse_args([str(common.REPO / config), *flags, *shlex.split(cfg.overrides)])
     return tcfg.max_iters
 
@@ -120,7 +188,7 @@ def is_done(cfg, label, seed):
 
 
 def command(cfg, label, seed):
-    config, flags = VARIANTS[label]
+    config, flags = cfg.table.variants[label]
     out = run_dir(cfg, label, seed)
     resume = ['--init_from=resume'] if (out / 'ckpt.pt').exists() else []
     return ['train.py', config, f'--seed={seed}', f'--out_dir={out}',
@@ -164,10 +232,33 @@ def summary(cfg, labels, seeds):
     return out
 
 
+def same_weights(ablation_path, main_path):
+    """The ablation (checkpoints read otherwise) minus the same checkpoints read as trained (the main longdoc JSON),
+    paired by document and by seed, since the weights are the same: per bucket the mean difference (nats, and bits
+    per character or byte), its standard error across documents, and the spread (std) of the seeds' differences.
+    Written into the ablation's JSON as 'vs_as_trained'. -> the rows"""
+    ablation, main = (json.loads(Path(p).read_text()) for p in (ablation_path, main_path))
+    N = np.array(ablation['doc_tokens'])
+    diffs = [np.array(info['doc_nll_sums']) - np.array(main['runs'][run]['doc_nll_sums'])
+             for run, info in ablation['runs'].items()]
+    unit = ablation['unit']
+    quantities = [('nll', 1.0, N)] + ([(unit, 1 / math.log(2), np.array(ablation['doc_bytes']))] if unit else [])
+    rows = [{'bucket': name} for name in ablation['bucket_names']]
+    for key, scale, weights in quantities:
+        mean, se = longdoc.ratio_stats(np.mean(diffs, axis=0) * scale, weights, N > 0)
+        per_seed = [longdoc.ratio_stats(d * scale, weights, N > 0)[0] for d in diffs]
+        for k, row in enumerate(rows):
+            row[f'diff_{key}'], row[f'diff_{key}_se'] = mean[k], se[k]
+            row[f'diff_{key}_seed_std'] = longdoc.std([p[k] for p in per_seed])
+    ablation['vs_as_trained'] = rows
+    Path(ablation_path).write_text(json.dumps(ablation, indent=1) + '\n')
+    return rows
+
+
 def main(argv=None):
     def go(argv):
         cfg = common.parse(argv, DemosConfig)
-        labels, seeds = selected(cfg.variants), common.int_list(cfg.seeds, 'seeds')
+        labels, seeds = selected(cfg), common.int_list(cfg.seeds, 'seeds')
         if not seeds or not labels:
             raise train.UserError("--seeds and --variants must name at least one seed and one variant")
         if cfg.train or cfg.dry_run:
@@ -186,18 +277,23 @@ def main(argv=None):
         groups = {label: f"{label}:{','.join(dirs)}" for label, dirs in done.items() if dirs}   # longdoc --runs
 
         def longdoc_to(name, runs, *flags):              # -> longdoc_demos[_NAME]{name}.json
-            longdoc.main([f"--runs={';'.join(runs)}", *flags, f'--split={cfg.split}',
+            longdoc.main([f"--runs={';'.join(runs)}", *flags, f'--split={cfg.split}', f'--buckets={cfg.table.buckets}',
                           f'--out={results / f"longdoc_demos{suffix}{name}.json"}'])
 
         if cfg.longdoc and groups:
             longdoc_to('', groups.values(), *(['--baseline=baseline'] if 'baseline' in groups else []))
-            for control, others in MATCHED.items():              # the same comparison against a matched control
+            for control, others in cfg.table.matched.items():   # the same comparison against a matched control
                 here = [groups[x] for x in (control, *others) if x in groups]
                 if control in groups and len(here) > 1:
                     longdoc_to(f'_vs_{control}', here, f'--baseline={control}')
-            for label, (variant, flags) in ABLATIONS.items():   # the same checkpoints, read otherwise
+            for label, (variant, flags) in cfg.table.ablations.items():   # the same checkpoints, read otherwise
                 if variant in groups:
                     longdoc_to(f'_{label}', [f"{label}:{','.join(done[variant])}"], *flags)
+                    rows = same_weights(results / f'longdoc_demos{suffix}_{label}.json',
+                                        results / f'longdoc_demos{suffix}.json')
+                    print(f"{label} - {variant} (same weights, nats):",
+                          '  '.join(f"{r['bucket']} {longdoc.fmt(r['diff_nll'], '.4f', True)} +- "
+                                    f"{longdoc.fmt(r['diff_nll_se'])}" for r in rows))
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

@@ -49,8 +49,29 @@ def test_commands(tmp_path):
     assert '--init_from=resume' in demos.command(c, 'xl', 1)             # an unfinished run resumes
     for label, (config, _) in demos.VARIANTS.items():
         assert (demos.common.REPO / config).exists(), label
-    assert demos.selected('all') == list(demos.VARIANTS)
-    assert not set(demos.CONTROLS) & set(demos.selected(demos.DEFAULT_VARIANTS))
+    assert demos.selected(cfg(tmp_path, variants='all')) == list(demos.VARIANTS)
+    assert not set(demos.CONTROLS) & set(demos.selected(cfg(tmp_path)))
+    assert cfg(tmp_path).variants.split(',')[:2] == ['baseline', 'xl'] and c.name == ''
+
+
+def test_byte_suite(tmp_path):
+    """--suite=bytes: its own variants (same segment and schedule for each), out_root, results name and buckets."""
+    c = demos.DemosConfig(suite='bytes')
+    assert c.out_root == 'out-demos-bytes' and c.name == 'bytes'
+    assert demos.selected(c) == ['baseline', 'xl', 'xl_mem512']
+    assert demos.selected(demos.DemosConfig(suite='bytes', variants='all'))[-1] == 'compressive'
+    parsed = {label: demos.train.parse_args([str(demos.common.REPO / config), *flags])
+              for label, (config, flags) in demos.BYTE_VARIANTS.items()}
+    assert {(t.dataset, m.seg_len, m.n_layer, m.n_embd, t.batch_size, t.max_iters, t.learning_rate, t.eval_tokens)
+            for t, _, m, _ in parsed.values()} == {('gutenberg_bytes', 128, 4, 128, 8, 1500, 2e-3, 65536)}
+    assert {label: m.mem_len for label, (_, _, m, _) in parsed.items()} == {
+        'baseline': 0, 'xl': 128, 'xl_mem512': 512, 'compressive': 128}
+    m = parsed['compressive'][2]
+    assert m.mem_len + m.cmem_len * m.compression_rate == 512          # as far back as xl_mem512's memory
+    cmd = demos.command(cfg(tmp_path, suite='bytes'), 'xl_mem512', 3)
+    assert cmd[:4] == ['train.py', 'config/xl_bytes_demo.py', '--seed=3', f'--out_dir={tmp_path}/runs/xl_mem512/seed3']
+    with pytest.raises(train.UserError, match="'infini_linear' of suite bytes"):
+        demos.selected(cfg(tmp_path, suite='bytes', variants='infini_linear'))
 
 
 def test_finished_runs_and_summary(tmp_path):
@@ -69,7 +90,7 @@ def test_finished_runs_and_summary(tmp_path):
 
 def test_bad_input_is_a_one_line_error(tmp_path):
     for args, fragment in ((['--variants=xl,nope'], "'nope'"), (['--jobs=0'], 'jobs'), (['--threads=-1'], 'threads'),
-                           (['--seeds=1,x'], 'seeds'),
+                           (['--seeds=1,x'], 'seeds'), (['--suite=chars'], 'suite'),
                            (['--nonsense=1'], 'nonsense')):
         r = run_python(['bench/demos.py', f'--out_root={tmp_path}', *args])
         assert r.returncode == 2
@@ -90,6 +111,16 @@ def test_end_to_end(tmp_path, capsys):
     nomem = json.loads((tmp_path / 'longdoc_demos_xl_nomem.json').read_text())    # XL's weights, memory 0
     assert nomem['config']['eval_mem_len'] == 0 and len(nomem['labels']['xl_nomem']['runs']) == 2
     assert all(r['mem_len'] == 0 for r in nomem['runs'].values())
+    # the same weights paired by document and seed: the difference of the two reads' bucket means, with an se
+    pairs = zip(nomem['vs_as_trained'], nomem['labels']['xl_nomem']['buckets'],
+                longdoc_result['labels']['xl']['buckets'])
+    for same, without, with_memory in pairs:
+        if with_memory['tokens'] == 0:                                   # a bucket past every document's end
+            assert same['diff_nll'] is None and without['nll'] is None
+            continue
+        assert same['diff_nll'] == pytest.approx(without['nll'] - with_memory['nll'], abs=1e-12)
+        assert same['diff_bpc'] == pytest.approx(without['bpc'] - with_memory['bpc'], abs=1e-12)
+    assert any(same['diff_nll'] not in (0, None) for same in nomem['vs_as_trained'])   # memory changes later tokens
     assert not (tmp_path / 'longdoc_demos_vs_xl.json').exists()          # nothing to compare with XL
     ckpt = train.load_checkpoint(tmp_path / 'runs' / 'baseline' / 'seed2' / 'ckpt.pt')
     assert ckpt['model_config']['mem_len'] == 0 and ckpt['step'] == 2 and ckpt['train_config']['seed'] == 2
