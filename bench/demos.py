@@ -30,7 +30,6 @@ and --name.
 import concurrent.futures
 import dataclasses
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -241,10 +240,9 @@ def same_weights(ablation_path, main_path):
     N = np.array(ablation['doc_tokens'])
     diffs = [np.array(info['doc_nll_sums']) - np.array(main['runs'][run]['doc_nll_sums'])
              for run, info in ablation['runs'].items()]
-    unit = ablation['unit']
-    quantities = [('nll', 1.0, N)] + ([(unit, 1 / math.log(2), np.array(ablation['doc_bytes']))] if unit else [])
+    Y = np.array(ablation['doc_bytes']) if ablation['unit'] else None
     rows = [{'bucket': name} for name in ablation['bucket_names']]
-    for key, scale, weights in quantities:
+    for key, scale, weights in longdoc.paired_quantities(N, Y, ablation['unit']):
         mean, se = longdoc.ratio_stats(np.mean(diffs, axis=0) * scale, weights, N > 0)
         per_seed = [longdoc.ratio_stats(d * scale, weights, N > 0)[0] for d in diffs]
         for k, row in enumerate(rows):

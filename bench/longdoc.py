@@ -391,13 +391,18 @@ def summarize_label(sums, unit):
     return rows, S
 
 
+def paired_quantities(N, Y, unit):
+    """What a paired difference reports: (key, scale from summed nats, weights per document and bucket) for nats
+    per token and, where the data has a unit, bits per character or byte."""
+    return [('nll', 1.0, N)] + ([(unit, 1 / math.log(2), Y)] if unit else [])
+
+
 def difference(label_S, base_S, N, Y, label_rows, base_rows, n_label, n_base, unit):
     """Per bucket: label minus baseline, paired by document. -> list of dicts diff_<q>, diff_<q>_se, _seed_se,
     _se_total for q = nll (and the unit)."""
     present = N > 0
     rows = [dict() for _ in range(N.shape[1])]
-    quantities = [('nll', 1.0, N)] + ([(unit, 1 / math.log(2), Y)] if unit else [])
-    for key, scale, weights in quantities:
+    for key, scale, weights in paired_quantities(N, Y, unit):
         mean, se = ratio_stats((label_S - base_S) * scale, weights, present)
         for k, row in enumerate(rows):
             sa, sb = label_rows[k][key + '_seed_std'], base_rows[k][key + '_seed_std']
