@@ -751,16 +751,32 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU: 6 per weight use; the STM attention over
-        K = mem_len + seg_len keys (3 products of H*D*K); the LTM attention (scores and values, 2 products of
-        H*D*N); once per segment the STM keys/values, R, the LTM keys/values and the regression."""
+        """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
+        (6 FLOPs a multiply-add with both gradients, 4 with the weight's alone): model_xl.py's count for the STM (its
+        docstring), plus per layer, in a step that writes (every step once the LTM is full): per token, the LTM read
+        (q·keys and the values over N basis functions, Eq. 11), the affines of μ and σ² once per head (Eqs. 9-10) and
+        W^O; per segment, the CNN gate over the seg_len new vectors (Eq. 18; the weights' gradient alone, the vectors
+        are detached), the regression (Eqs. 5, 14-15; backward to X̃ only through the gate) and the keys and values
+        of the new ltm_B (Eq. 8; with the gate, their input's gradient too)."""
         c = self.config
+        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but the
+                       if name.endswith('weight') and p.dim() > 1           # LTM's (biases, norms, u and v take
+                       and '.ltm.' not in name)                             # none)
         mem_len = c.mem_len if mem_len is None else mem_len
-        T, K, HD, N = c.seg_len, mem_len + c.seg_len, c.n_head * c.d_head, c.n_basis
-        attention = 6 * c.n_layer * HD * (3 * K + 2 * N)
-        regression = 2 * (c.n_samples + c.seg_len) * N * c.n_embd + c.n_samples * N * c.n_embd
-        per_segment = 6 * c.n_layer * ((2 * mem_len + K + 2 * N) * c.n_embd * HD + regression) / T
-        return 6 * self.num_params() + attention + per_segment
+        T, K, C, HD, N, L = c.seg_len, mem_len + c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_basis, c.n_layer
+        stm = 6 * 3 * L * HD * K + 4 * L * mem_len * C * 2 * HD / T       # attention; [SG(m)]'s keys and values
+        flops = 6 * (matrices - L * C * HD) + stm                          # every weight but W_{k,R} and the LTM's
+        if not c.ltm:
+            return flops
+        read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * C)      # q·keys, ψ-weighted values, μ and σ² affines, W^O
+        past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14) and [X_past ; X̃] (Eq. 15)
+        regression = 2 * (T + past + (past + T if c.unbounded else 0)) * N * C              # forward
+        gate = 0
+        if c.cnn_gate:
+            gate = 4 * 3 * C * C * T
+            regression += 2 * (T + (past + T if c.unbounded else 0)) * N * C                 # backward to X̃
+        keys_values = (6 if c.cnn_gate else 4) * N * C * 2 * HD
+        return flops + L * (read + (gate + regression + keys_values) / T)
 
     # --- generation ---------------------------------------------------------------------------------------
 

@@ -190,17 +190,20 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of m θ_i for positions m, θ_i = rope_base^(-2i/d_head), i = 0 .. d_head/2 - 1."""
+    """cos and sin of m θ_i for the positions m = 0 .. n_positions-1 inside a segment, θ_i = rope_base^(-2i/d_head),
+    i = 0 .. d_head/2 - 1, tabulated once (in float64, kept in float32) and sliced. Computed inside forward instead,
+    torch.compile fuses cos and sin into the kernels that read them and recomputes them for every row and head, in
+    scalar loops (issue 20)."""
 
-    def __init__(self, d_head, base):
+    def __init__(self, d_head, base, n_positions):
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0.0, d_head, 2.0) / d_head))
-        self.register_buffer('inv_freq', inv_freq, persistent=False)
+        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
+        angles = torch.outer(torch.arange(n_positions, dtype=torch.float64), inv_freq)   # (n_positions, D/2)
+        self.register_buffer('cos', angles.cos().float(), persistent=False)
+        self.register_buffer('sin', angles.sin().float(), persistent=False)
 
-    def forward(self, start, T, device):
-        pos = torch.arange(start, start + T, device=device, dtype=self.inv_freq.dtype)
-        angles = torch.outer(pos, self.inv_freq)                  # (T, D/2)
-        return angles.cos(), angles.sin()
+    def forward(self, start, T):
+        return self.cos[start:start + T], self.sin[start:start + T]   # (T, D/2) each
 
 
 def apply_rope(x, cos, sin):
@@ -217,13 +220,29 @@ def apply_rope(x, cos, sin):
 SIGMA_FLOOR = 1e-15   # σ's smallest value: σ(q)·z >= 1e-30 cannot underflow float32 (smallest normal 1.2e-38)
 
 
-def sigma(x):
+class Sigma(torch.autograd.Function):
     """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z.
-    Computed as relu(x) + exp(min(x, 0)), which is the same function (x + 1 above 0, exp(x) below): F.elu(x) + 1
-    rounds to exactly 0 in float32 below x ≈ -17 (exp(x) under half an ulp of 1), and a query with every coordinate
-    there would read 0/0 = NaN in Eq. 3. exp is floored at SIGMA_FLOOR (x < -34.5, where σ is 1e-15 and its
-    gradient 0). Four elementwise ops and no mask: eager runs each as a pass over the tensor (issue 20)."""
-    return F.relu(x) + torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0))
+    Forward: relu(x) + exp(min(x, 0)), the same function (x + 1 above 0, exp(x) below). F.elu(x) + 1 rounds to
+    exactly 0 in float32 below x ≈ -17 (exp(x) under half an ulp of 1), and a query with every coordinate there
+    would read 0/0 = NaN in Eq. 3, so exp is floored at SIGMA_FLOOR (x < -34.5).
+    Backward: dσ/dx = min(σ, 1) (1 above 0, exp(x) = σ below), from the output alone. Left to autograd, the clamp's
+    gradient needs two masks of x; torch.compile saves them from the forward as bool tensors, and inductor's CPU
+    kernels store bools about 25 times slower than eager (bench/README.md, issue 20). Below the floor the
+    gradient is σ = 1e-15 instead of 0."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = F.relu(x) + torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, = ctx.saved_tensors
+        return grad * out.clamp(max=1.0)
+
+
+sigma = Sigma.apply
 
 
 def memory_retrieve(sigma_q, M, z, has_memory):
@@ -329,7 +348,7 @@ class Model(nn.Module):
         self.config = config
         C = config.n_embd
         self.word_emb = ScaledEmbedding(config.vocab_size, C)
-        self.rope = RotaryEmbedding(config.d_head, config.rope_base)
+        self.rope = RotaryEmbedding(config.d_head, config.rope_base, config.seg_len)
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
@@ -392,7 +411,7 @@ class Model(nn.Module):
         if T > c.seg_len:
             raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
         has_memory = (memory.length > 0).view(B, 1, 1, 1)
-        rope = self.rope(0, T, idx.device)                        # (T, D/2) x2
+        rope = self.rope(0, T)                                    # (T, D/2) x2
 
         h = self.drop(self.word_emb(idx))                         # (B, T, C)
         new_M, new_z = [], []
@@ -420,14 +439,22 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU: 6 per weight use, plus the local attention
-        over seg_len keys (q·k and the weighted sum of values: 2 products of H*D*T), plus the memory: σ(Q) M
-        and σ(K)ᵀ V (and σ(K) M for delta), H*D*D each. mem_len is ignored (the memory has no length)."""
+        """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
+        (bptt_segments=1): 6 per weight use; the local attention over seg_len keys (q·k and the weighted sum of
+        values: 2 products of H*D*T); the memory read σ(Q) M_{s-1} (Eq. 3), forward and the gradient to σ(Q) (M is
+        detached), and the write σ(K)ᵀ V (Eq. 4), forward only (the new M has no gradient in this step), plus σ(K) M
+        for delta (Eq. 5, forward): H*D*D each, and their denominators σ(Q) z, σ(K) z (H*D). Back-propagating
+        through the memory (bptt_segments > 1) adds the gradients of the reads and writes. mem_len is ignored (the
+        memory has no length). tests/test_flops.py checks this against torch's FlopCounterMode."""
         c = self.config
+        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
+                       if name.endswith('weight') and p.dim() > 1)        # norms and β take none)
         HD = c.n_head * c.d_head
         local = 6 * 2 * c.n_layer * HD * c.seg_len
-        memory = 6 * (3 if c.memory_update == 'delta' else 2) * c.n_layer * HD * c.d_head
-        return 6 * self.num_params() + local + memory
+        delta = 2 if c.memory_update == 'delta' else 0
+        memory = (4 + 2 + delta) * c.n_layer * HD * c.d_head      # σ(Q) M, σ(K)ᵀ V, σ(K) M
+        memory += (4 + delta) * c.n_layer * HD                     # the denominators σ(Q) z, σ(K) z
+        return 6 * matrices + local + memory
 
     # --- generation ---------------------------------------------------------------------------------------
 
@@ -450,7 +477,7 @@ class Model(nn.Module):
                 seg = OpenSegment(length=0, kv=[None] * c.n_layer)
             T = tokens.size(1)
             has_memory = (memory.length > 0).view(B, 1, 1, 1)
-            rope = self.rope(seg.length, T, tokens.device)
+            rope = self.rope(seg.length, T)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
                 h, seg.kv[n] = layer(h, memory.M[n], memory.z[n], has_memory, rope, seg.kv[n])

@@ -513,16 +513,23 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs per token, for MFU: model_xl.py's count, plus per segment in every layer but the last the
-        look-ahead's W_q, W_o, feed-forward over M positions, W_{k,R} over M distances and attention (W keys, 2W
-        distances, W values per memory query)."""
+        """Training FLOPs per token, for MFU, as autograd computes them with the memory detached: model_xl.py's count
+        (its docstring), plus per segment the memory's way up. The stored m^0 has no gradient, so layer 0 projects it
+        at 4 FLOPs a multiply-add; every refreshed m^l (l >= 1) carries the segment's gradient, so its keys and
+        values cost 6. Every layer but the last refreshes: W_q over M memory queries (4 in layer 0, then 6), the
+        look-ahead attention (W keys, 2W distances, W values per query), W_o and the feed-forward over M positions.
+        W_{k,R} works on R once per batch (not counted, as model_xl.py)."""
         c = self.config
+        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
+                       if name.endswith('weight') and p.dim() > 1)        # norms, u and v take none)
         M = c.mem_len if mem_len is None else mem_len
-        T, K, HD, W = c.seg_len, M + c.seg_len, c.n_head * c.d_head, min(c.seg_len, M)
-        attention = 6 * 3 * c.n_layer * HD * K
-        per_segment = 6 * c.n_layer * (2 * M * c.n_embd * HD + K * c.n_embd * HD) / T
-        look_ahead = M * (3 * c.n_embd * HD + 2 * c.n_embd * c.d_inner) + 4 * HD * M * W   # per layer but the last
-        return 6 * self.num_params() + attention + per_segment + 6 * (c.n_layer - 1) * look_ahead / T
+        T, K, C, HD, W, L = c.seg_len, M + c.seg_len, c.n_embd, c.n_head * c.d_head, min(c.seg_len, M), c.n_layer
+        weights = 6 * (matrices - L * C * HD)           # every weight but W_{k,R}, once a token
+        attention = 6 * 3 * L * HD * K
+        memory = (4 + 6 * (L - 1)) * M * C * 2 * HD              # [m^l] W_{k,E}, W_v in every layer
+        w_q = (4 + 6 * (L - 2)) * M * C * HD                      # the memory queries of layers 0 .. L-2
+        refresh = (L - 1) * 6 * (M * (C * HD + 2 * C * c.d_inner) + 4 * HD * M * W)   # look-ahead, W_o, FF
+        return weights + attention + (memory + w_q + refresh) / T
 
     # --- generation ---------------------------------------------------------------------------------------
 

@@ -405,15 +405,22 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU: 6 per weight use, plus the attention over
-        K = mem_len + seg_len keys ((a)+(c), (b)+(d) and the weighted sum of values: 3 products of H*D*K),
-        plus projecting the memory's keys/values and R once per segment."""
+        """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
+        (bptt_segments=1): 6 per use of a weight (2 forward, 2 for its input's gradient, 2 for its own); the
+        attention over K = mem_len + seg_len keys ((a)+(c), (b)+(d) and the weighted sum of values: 3 products of
+        H*D*K, 6 FLOPs a multiply-add each); the memory's keys and values, projected again every segment, forward
+        and their weights' gradient (4 a multiply-add: the memory gets no gradient). W_{k,R} projects R once per
+        batch for all its streams (under 1% of a step at batch 8): not counted. tests/test_flops.py checks this
+        against torch's FlopCounterMode."""
         c = self.config
+        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
+                       if name.endswith('weight') and p.dim() > 1)        # norms, u and v take none)
         M = c.mem_len if mem_len is None else mem_len
-        T, K, HD = c.seg_len, M + c.seg_len, c.n_head * c.d_head
+        T, K, C, HD = c.seg_len, M + c.seg_len, c.n_embd, c.n_head * c.d_head
+        weights = 6 * (matrices - c.n_layer * C * HD)   # every weight but W_{k,R}, once a token
         attention = 6 * 3 * c.n_layer * HD * K
-        per_segment = 6 * c.n_layer * (2 * M * c.n_embd * HD + K * c.n_embd * HD) / T
-        return 6 * self.num_params() + attention + per_segment
+        memory = 4 * c.n_layer * M * C * 2 * HD / T               # [SG(m)] W_{k,E}, W_v
+        return weights + attention + memory
 
     # --- generation ---------------------------------------------------------------------------------------
 

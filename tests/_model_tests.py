@@ -157,3 +157,20 @@ def assert_bf16_forward_backward(model, float32_fields, seg_len=4, all_grads=Tru
     assert grads
     for name, p in grads:
         assert p.dtype == torch.float32 and p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def flop_counter():
+    """torch.utils.flop_counter.FlopCounterMode that also counts the CPU build's fused attention kernel
+    (F.scaled_dot_product_attention on CPU), which it does not know: q·k and p·v forward, twice that backward."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs):
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
+        return 2 * sdpa_flop_count(query, key, value)          # dV, dP, dQ, dK
+
+    aten = torch.ops.aten
+    return FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward})

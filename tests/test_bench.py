@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
 import diagnose  # noqa: E402
+import inductor_bool_store  # noqa: E402
 import plot  # noqa: E402
 import recall  # noqa: E402
 import scaling  # noqa: E402
@@ -116,6 +117,25 @@ def test_benchmarks_compile_with_static_shapes(monkeypatch):
     for module in (speed, scaling):
         source = inspect.getsource(module)
         assert 'common.compile_model(' in source and 'torch.compile(' not in source
+
+
+def test_inductor_bool_store_times_every_case_three_ways(monkeypatch, tmp_path, capsys):
+    """bench/inductor_bool_store.py: each case eager, compiled, and compiled with inductor's vectorisation off
+    (torch.compile is stubbed here: the test checks what is asked of it and what is written, not inductor)."""
+    calls = []
+    monkeypatch.setattr(torch, 'compile', lambda fn, **kw: calls.append(kw) or fn)
+    out = tmp_path / 'bool_store.json'
+    inductor_bool_store.main(['--n=64', '--rounds=2', f'--out={out}'])
+    r = json.loads(out.read_text())
+    assert set(r['results']) == set(inductor_bool_store.CASES) and r['n'] == 64
+    for modes in r['results'].values():
+        assert modes['compile / eager time'] == pytest.approx(modes['compile'] / modes['eager'])
+        assert modes['eager'] > 0 and modes['compile, no vectorisation'] > 0
+    n = len(inductor_bool_store.CASES)
+    assert calls == [{'dynamic': False, 'options': {}}, {'dynamic': False, 'options': {'cpp.simdlen': 0}}] * n
+    with pytest.raises(SystemExit):
+        inductor_bool_store.main(['--rounds=0'])
+    assert 'must be >= 1' in capsys.readouterr().err
 
 
 def test_slow_bf16_modes_are_dropped_with_a_reason():

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import model_xl
-from _model_tests import (F64, V, assert_close, assert_greedy_generate_matches_forward,
+from _model_tests import (F64, V, assert_close, assert_greedy_generate_matches_forward, flop_counter,
                           assert_sampled_generate_matches_forward, differs, run_segments, sinusoid, tokens,
                           train_on_repeated_pattern)
 from _models import TINY_MODELS
@@ -863,15 +863,13 @@ def test_flops_of_f_c_and_its_loss_match_torch_flop_counter(recon_loss, override
     of one f_c against another and of recon_loss against 'none' differ as much as the counted steps do (the rest of
     the count is model_xl.py's, which this test does not check). G >= 2 slots: torch computes a product over a
     single key without a counted matrix product."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     def both(**fields):                                           # (counted, flops_per_token) per token
         model = make_model(**dict(dict(seg_len=4, mem_len=4, cmem_len=4, compression_rate=2), **fields)).train()
         T = model.config.seg_len
         memory, idx = model.init_memory(3, 'cpu'), tokens(3, 5 * T + 1, seed=4)
         with torch.no_grad():
             _, memory = run_segments(model, idx[:, :4 * T], memory, T)          # m and cm full
-        counter = FlopCounterMode(display=False)
+        counter = flop_counter()
         with counter:
             model(idx[:, 4 * T:5 * T], memory, targets=idx[:, 4 * T + 1:])[1].backward()
         return counter.get_total_flops() / (3 * T), model.flops_per_token()

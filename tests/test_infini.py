@@ -137,9 +137,9 @@ def test_rope_equals_rotation_matrices_and_is_relative():
     D = 8
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 5, D, generator=g, dtype=F64)
-    rope = model_infini.RotaryEmbedding(D, 10000.0).double()
+    rope = model_infini.RotaryEmbedding(D, 10000.0, 8).double()
     for start in (0, 3):
-        cos, sin = rope(start, 5, 'cpu')
+        cos, sin = rope(start, 5)
         rotated = apply_rope(x, cos, sin)
         for m in range(5):
             assert_close(rotated[1, 2, m], rotate(x[1, 2, m], start + m))
@@ -219,6 +219,8 @@ def test_sigma_is_elu_plus_one_and_never_zero():
     x = torch.tensor([-3.0, 0.5], requires_grad=True)
     sigma(x).sum().backward()
     assert_close(x.grad, torch.tensor([math.exp(-3.0), 1.0]))
+    # its hand-written backward (min(σ, 1), from the output) against finite differences, away from the kink at 0
+    assert torch.autograd.gradcheck(sigma, (torch.linspace(-30, 10, 100, dtype=F64, requires_grad=True),))
 
 
 def test_retrieval_of_a_very_negative_query_is_finite():
@@ -388,7 +390,7 @@ def test_bf16_autocast_keeps_the_memory_in_float32(rule):
             for start in range(0, idx.size(1), 8):
                 h = model.word_emb(idx[:, start:start + 8])
                 _, k, v = layer(h, ref.M[0], ref.z[0], torch.ones(2, 1, 1, 1, dtype=torch.bool),
-                                model.rope(0, 8, 'cpu'))[1]
+                                model.rope(0, 8))[1]
                 M_bf16 = M_bf16 + (sigma(k).transpose(-2, -1) @ v).bfloat16()
                 z_bf16 = z_bf16 + sigma(k).sum(dim=-2).bfloat16()
         assert relative(M_bf16.float(), ref.M[0]) > 0.01 and relative(z_bf16.float(), ref.z[0]) > 0.01

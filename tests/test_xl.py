@@ -556,7 +556,7 @@ def test_loss_is_token_cross_entropy():
 def test_flops_per_token_positive_and_grows_with_mem_len():
     model = make_model(seg_len=8, mem_len=8)
     flops = [model.flops_per_token(mem_len=m) for m in (0, 8, 64, 512)]
-    assert flops[0] > 6 * model.num_params() > 0
+    assert flops[0] > 0                                     # the count itself: tests/test_flops.py
     assert all(a < b for a, b in zip(flops, flops[1:]))
     assert model.flops_per_token() == flops[1]               # default: config.mem_len
     assert make_model(seg_len=8, mem_len=64).flops_per_token() > model.flops_per_token()
