@@ -769,12 +769,13 @@ class Model(nn.Module):
         if not c.ltm:
             return flops
         read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * C)      # q·keys, ψ-weighted values, μ and σ² affines, W^O
-        past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14) and [X_past ; X̃] (Eq. 15)
-        regression = 2 * (T + past + (past + T if c.unbounded else 0)) * N * C              # forward
+        past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14)
+        grown = past + T if c.unbounded else 0                    # [X_past ; X̃] (Eq. 15)
+        regression = 2 * (T + past + grown) * N * C               # forward
         gate = 0
         if c.cnn_gate:
             gate = 4 * 3 * C * C * T
-            regression += 2 * (T + (past + T if c.unbounded else 0)) * N * C                 # backward to X̃
+            regression += 2 * (T + grown) * N * C                 # backward to X̃
         keys_values = (6 if c.cnn_gate else 4) * N * C * 2 * HD
         return flops + L * (read + (gate + regression + keys_values) / T)
 
