@@ -82,6 +82,8 @@ class Config:
     kl_weight: float = 1e-6          # λ_KL of Eq. 21 (1e-6 in the authors' runs); 0 = off
     sigma_0: float = 0.05            # σ₀ of the KL prior N(μ, σ₀²)
     sigma_sq_min: float = 1e-4       # floor of σ² (Eq. 10): 1e-4 the authors' LM code, 1e-6 their sorting code
+    sigma_sq_init: float = 0.0       # > 0: every density starts this narrow (Eq. 10's bias = softplus⁻¹ of it);
+                                     # 0: bias 0, σ² = softplus(0) ≈ 0.69 of the unit interval, as the authors
     ltm_reset_len: int = 0           # > 0: an LTM holding this many vectors is emptied before its next write, as
                                      # the authors' LM code (mem_threshold = 2048, long_term_attention.py:81,
                                      # 293-297; the paper's "memory threshold", §4.2); 0: only reset_memory does
@@ -114,6 +116,8 @@ class Config:
         for name in ('ridge_lambda', 'sigma_0', 'sigma_sq_min'):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.sigma_sq_init >= 0:
+            raise ValueError(f"sigma_sq_init must be >= 0, got {self.sigma_sq_init}")
 
 
 @dataclass
@@ -618,7 +622,7 @@ class OpenSegment:
 
 
 class Model(nn.Module):
-    # Copied from model_xl.py (Model.__init__) with self.long_term (the LTM) added
+    # Copied from model_xl.py (Model.__init__) with self.long_term (the LTM) and the σ² start (sigma_sq_init) added
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -635,6 +639,9 @@ class Model(nn.Module):
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
         self.long_term = LongTermMemory(config)                   # the LTM's basis, ridge matrices and write
+        if config.sigma_sq_init > 0:                              # Eq. 10: softplus(bias) = sigma_sq_init
+            for layer in self.layers:
+                nn.init.constant_(layer.attn.ltm.sigma_affine.bias, math.log(math.expm1(config.sigma_sq_init)))
 
     # Copied from model_xl.py (Model._init_weights)
     def _init_weights(self, module):

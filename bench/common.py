@@ -121,10 +121,14 @@ def compile_model(model):
 def run_rounds(entries, step, warmup, steps, device_type, label):
     """Round-robin timing: every round runs step(e) once for every entry, so background load moves all of them
     alike; the first `warmup` rounds are not timed (compilation happens there: e.first_step_s keeps round 0).
-    Each entry collects its timed seconds in e.times."""
+    Round r starts at entry r mod n (round 0 in the given order), so no entry is always first after the previous
+    round's last: a position effect (the first step of a round ran slower than the same step later in 3 of 4 runs
+    of bench/speed.py) is spread over all entries instead of charged to one. Each entry collects its timed seconds
+    in e.times."""
     for r in range(warmup + steps if entries else 0):
         t_round = time.perf_counter()
-        for e in entries:
+        k = r % len(entries)
+        for e in entries[k:] + entries[:k]:
             with Timer(device_type) as t:
                 step(e)
             if r >= warmup:

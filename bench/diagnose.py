@@ -1,9 +1,12 @@
 """
-Why Infini-attention does not recall the passkey from its memory: for a checkpoint trained by bench/recall.py
-(`memory_update=linear`), the share of the ASK position's memory read that falls on the key's 5 digit tokens, per
-layer and head, next to the head's gate σ(β), at given depths.
+Why a memory does not recall the passkey, for a checkpoint trained by bench/recall.py, at given depths:
 
-    python bench/diagnose.py out-recall/passkey/infini_linear --depths=96,384
+    python bench/diagnose.py out-recall/passkey/infini_linear/seed1 --depths=96,384
+    python bench/diagnose.py out-recall/passkey/infformer/seed1 --depths=160,384
+
+Infini-attention (`memory_update=linear`): the share of the ASK position's memory read that falls on the key's 5
+digit tokens, per layer and head, next to the head's gate σ(β). The ∞-former: its long-term memory stage by stage
+(the CNN gate, what the write keeps of each digit, where the ASK queries' Gaussians point; infformer_stages).
 
 The linear memory's read is Σ_j σ(q)·σ(k_j) v_j / Σ_j σ(q)·σ(k_j) over every token j written to it (Eqs. 7-8), so
 token j's weight is σ(q)·σ(k_j), normalised. A uniform read would put 5 / (tokens in memory) on the key; a softmax
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -68,6 +72,84 @@ def key_share(model, depth, n_episodes=32, seed=0):
     return {n: torch.stack(s).mean(0) for n, s in shares.items()}, uniform
 
 
+def ltm_trace(model, body):
+    """Run the episode `body` (tokens, a multiple of seg_len long) segment by segment through an ∞-former from an
+    empty memory. -> (per layer its inputs over the whole episode (len(body), C), per layer the (μ, σ²) each
+    (1, H, seg_len) of the last segment's LTM attention, the memory after it: its ltm_B is the LTM that the last
+    segment read, written at its start)"""
+    T, n_layer = model.config.seg_len, model.config.n_layer
+    inputs, densities = {n: [] for n in range(n_layer)}, {}
+    hooks = [layer.register_forward_pre_hook(lambda m, a, n=n: inputs[n].append(a[0][0]))
+             for n, layer in enumerate(model.layers)]
+    hooks += [layer.attn.ltm.register_forward_hook(lambda m, a, o, n=n: densities.__setitem__(n, o[1:]))
+              for n, layer in enumerate(model.layers)]
+    x, memory = torch.as_tensor(body[None]), model.init_memory(1, 'cpu')
+    try:
+        with torch.no_grad():
+            for start in range(0, len(body), T):
+                _, _, memory, _ = model(x[:, start:start + T], memory)
+    finally:
+        for hk in hooks:
+            hk.remove()
+    return {n: torch.cat(v) for n, v in inputs.items()}, densities, memory
+
+
+def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
+    """Where the ∞-former's long-term memory loses the passkey, stage by stage, at one depth. Per layer n, over
+    n_episodes episodes and the 5 digits j (means):
+      gate       the CNN gate sigmoid(Conv1d(X)) (Eq. 18) on the digits' layer inputs, and on the filler's;
+      write      max_t cos(Bᵀψ(t), x̃_j): how well the signal the ASK segment reads (the ridge regression of
+                 Eq. 5 after every later write, Eqs. 13-15) gives back the digit's gated state x̃_j anywhere in
+                 [0, 1]; t*_j is where, and `basis` the basis centres within the key's span [t*_min, t*_max];
+      read       per head, at the query that predicts digit j: |μ − t*_j| (Eq. 9), σ (Eq. 10), and the cosine of
+                 what the density reads in state space, r = Bᵀ E_p[ψ] (Eq. 11 before W^V), with x̃_j against its
+                 mean cosine with the other 4 digits' states (above it: the read singles out digit j).
+    The gate is computed over the whole episode (the model gates each write's L vectors: the same but at the
+    first and last of them). Episodes whose LTM is still empty at the ASK are left out.
+    -> {layer: dict of means} ({} when every episode's LTM was empty: the key is still in the STM)"""
+    import model_infformer as mf
+    c, T = model.config, model.config.seg_len
+    rng = np.random.default_rng(seed)
+    t = torch.linspace(0, 1, grid, dtype=torch.float32)
+    psi = mf.evaluate_basis(t, model.long_term.basis_mu, model.long_term.basis_sigma)          # (grid, N)
+    acc = {}
+    for _ in range(n_episodes):
+        body, _ = recall.passkey_eval_episode(rng, depth, T)
+        key, ask = int(np.flatnonzero(body == recall.KEY)[0]), len(body) - 6
+        inputs, densities, memory = ltm_trace(model, body)
+        if not memory.ltm_written[0] > 0:
+            continue                                                           # the key has not reached the LTM
+        with torch.no_grad():
+            for n, layer in enumerate(model.layers):
+                X = inputs[n]                                                  # (len(body), C) the layer inputs
+                gate = layer.attn.ltm.gate
+                g = torch.sigmoid(gate(X.T[None]))[0].T if gate is not None else torch.ones_like(X)   # (L, C)
+                xt = (g * X)[key + 1:key + 6]                                  # x̃ of the 5 digits
+                signal = psi @ memory.ltm_B[n][0].float()                      # (grid, C) Bᵀψ(t)
+                cos = F.normalize(signal, dim=-1) @ F.normalize(xt, dim=-1).T  # (grid, 5)
+                best, where = cos.max(0)
+                t_star = t[where]
+                filler = np.ones(len(body), bool)
+                filler[key:key + 6] = False
+                filler[ask:] = False
+                mu, s2 = densities[n]                                          # (1, H, T) of the ASK segment
+                q = torch.arange(ask, ask + 5) - (len(body) - T)               # the 5 queries, in the segment
+                mu, s2 = mu[0][:, q], s2[0][:, q]                              # (H, 5)
+                e_psi = mf.expected_basis(mu, s2, model.long_term.basis_mu, model.long_term.basis_sigma)  # (H,5,N)
+                r = F.normalize(e_psi @ memory.ltm_B[n][0].float(), dim=-1)   # (H, 5, C)
+                rc = torch.einsum('hjc,ic->hji', r, F.normalize(xt, dim=-1))   # (H, 5 queries, 5 digits)
+                own = rc.diagonal(dim1=1, dim2=2)                              # (H, 5)
+                other = (rc.sum(-1) - own) / 4
+                lo, hi = t_star.min(), t_star.max()
+                in_span = ((model.long_term.basis_mu >= lo) & (model.long_term.basis_mu <= hi)).sum()
+                for name, v in (('gate_digits', g[key + 1:key + 6].mean()), ('gate_filler', g[filler].mean()),
+                                ('write_cos', best.mean()), ('t_star', t_star.mean()), ('basis_in_span', in_span),
+                                ('mu_error', (mu - t_star).abs().mean(-1)), ('sigma', s2.sqrt().mean(-1)),
+                                ('read_cos_own', own.mean(-1)), ('read_cos_other', other.mean(-1))):
+                    acc.setdefault(n, {}).setdefault(name, []).append(torch.as_tensor(v, dtype=torch.float32))
+    return {n: {k: torch.stack(v).mean(0) for k, v in d.items()} for n, d in acc.items()}
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
 
@@ -79,8 +161,22 @@ def main(argv=None):
         ckpt = common.train.load_checkpoint(out_dir / 'ckpt.pt', 'cpu')
         _, _, model = common.train.model_from_checkpoint(ckpt, out_dir)
         model.eval()
+        if type(model).__module__ == 'model_infformer':
+            for depth in depths or [384]:
+                stages = infformer_stages(model, depth, seed=depth)
+                if not stages:
+                    print(f"depth {depth}: the LTM is still empty at the ASK (the key is in the STM)")
+                for n, d in stages.items():
+                    heads = lambda v: ' '.join(f'{x:.3f}' for x in v.reshape(-1))
+                    print(f"depth {depth} layer {n}: gate digits {d['gate_digits']:.2f} filler "
+                          f"{d['gate_filler']:.2f} | write cos {d['write_cos']:.2f} at t* {d['t_star']:.3f} "
+                          f"({d['basis_in_span']:.1f} basis centres in the key's span) | read per head: "
+                          f"|μ − t*| {heads(d['mu_error'])}, σ {heads(d['sigma'])}, cos own digit "
+                          f"{heads(d['read_cos_own'])} vs others {heads(d['read_cos_other'])}")
+            return
         if type(model).__module__ != 'model_infini' or model.config.memory_update != 'linear':
-            raise common.train.UserError("only Infini-attention with memory_update=linear is decomposed here")
+            raise common.train.UserError("only Infini-attention with memory_update=linear and the ∞-former are "
+                                         "decomposed here")
         for depth in depths or [96]:
             shares, uniform = key_share(model, depth, seed=depth)
             for n, share in shares.items():

@@ -224,6 +224,30 @@ def test_overrides_set_a_config_field_of_the_variants_that_have_it():
         recall.RecallConfig(overrides='gate_lr_mult')
 
 
+def test_run_rounds_rotates_the_first_entry_and_times_every_entry_once_per_round():
+    """Round r starts at entry r mod n; round 0 (untimed warm-up, first_step_s) keeps the given order; every entry
+    gets one timing per timed round."""
+    class E:
+        def __init__(self, name):
+            self.name, self.times = name, []
+    entries, calls = [E('a'), E('b'), E('c')], []
+    common.run_rounds(entries, lambda e: calls.append(e.name), warmup=1, steps=3, device_type='cpu', label='t')
+    assert ''.join(calls) == 'abc' + 'bca' + 'cab' + 'abc'
+    assert all(len(e.times) == 3 and e.first_step_s >= 0 for e in entries)
+
+
+def test_overrides_take_a_list_value_and_the_recall_init():
+    """basis_widths is itself comma-separated: 'n_basis=1024,basis_widths=0.002,0.004,tau=0.5' is three fields.
+    Every variant starts from the recall size's init_std (0.1, not the LM's 0.02: see RECALL_SIZE)."""
+    assert recall.override_items('n_basis=1024,basis_widths=0.002,0.004,tau=0.5') == [
+        ('n_basis', '1024'), ('basis_widths', '0.002,0.004'), ('tau', '0.5')]
+    cfg = recall.RecallConfig(overrides='n_basis=1024,basis_widths=0.002,0.004')
+    _, fields = recall.model_fields(TINY_VARIANTS['infformer'], recall.RECALL_SIZE, cfg)
+    assert fields['basis_widths'] == '0.002,0.004' and fields['n_basis'] == '1024' and fields['init_std'] == 0.1
+    with pytest.raises(ValueError, match='seg_len'):
+        recall.RecallConfig(seg_len=16)
+
+
 def test_overrides_pass_train_flags_to_train_py():
     """A train.py field in --overrides reaches train.py's argv (not the model's Config); bptt_segments has its own
     flag because it also packs the episodes."""
@@ -389,6 +413,37 @@ def test_diagnose_weights_reproduce_the_infini_memory_read():
         torch.testing.assert_close((w[..., None] * v).sum(1), a_mem, atol=1e-5, rtol=1e-4)
     shares, uniform = diagnose.key_share(model, 40, n_episodes=2)
     assert uniform == 5 / 32 and all(((s >= 0) & (s <= 1)).all() for s in shares.values())
+
+
+def test_diagnose_ltm_read_is_the_infformers_own():
+    """The ∞-former's stages: ltm_trace's (μ, σ², ltm_B) of the ASK segment, read as diagnose reads them
+    (r = Bᵀ E_p[ψ], then W^V per head), are the LTM values that segment's attention took (Eq. 11, the o_net
+    input), at every layer; the stage means are in range, one per head, and {} while the key is in the STM."""
+    import model_infformer as mf
+    model, c = common.build(dict(model='infformer', vocab_size=64, n_layer=2, n_embd=32, n_head=2, d_head=16,
+                                 d_inner=64, seg_len=32, mem_len=32, n_basis=64, n_samples=64, basis_widths='0.01,0.05',
+                                 sigma_sq_min=1e-6))
+    model.eval()
+    body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 100, c.seg_len)   # 4 segments: the LTM is written
+    inputs, densities, memory = diagnose.ltm_trace(model, body)
+    assert int(memory.ltm_written[0]) > 0 and inputs[0].shape == (len(body), c.n_embd)
+    for n, layer in enumerate(model.layers):
+        seen = {}
+        hook = layer.attn.ltm.o_net.register_forward_hook(lambda m, a, o: seen.__setitem__('z', a[0]))
+        diagnose.ltm_trace(model, body)
+        hook.remove()
+        mu, s2 = densities[n]                                                   # (1, H, T)
+        e_psi = mf.expected_basis(mu, s2, model.long_term.basis_mu, model.long_term.basis_sigma)   # (1, H, T, N)
+        r = e_psi @ memory.ltm_B[n][:, None]                                    # (1, H, T, C)
+        w_v = layer.attn.ltm.value_net.weight.view(c.n_head, c.d_head, c.n_embd)
+        z = torch.einsum('bhtc,hdc->bthd', r, w_v).reshape(1, c.seg_len, -1)
+        torch.testing.assert_close(z, seen['z'], atol=1e-5, rtol=1e-4)
+    stages = diagnose.infformer_stages(model, 100, n_episodes=2)
+    assert set(stages) == {0, 1}
+    for d in stages.values():
+        assert -1 <= float(d['write_cos']) <= 1 and d['mu_error'].shape == (c.n_head,)
+        assert 0 < float(d['gate_digits']) < 1
+    assert diagnose.infformer_stages(model, 20, n_episodes=2) == {}           # the key is still in the STM
 
 
 def test_diagnose_rejects_other_models_in_one_line(tmp_path, capsys):

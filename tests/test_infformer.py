@@ -542,3 +542,21 @@ def test_sigma_sq_is_floored_at_sigma_sq_min(floor):
         torch.testing.assert_close(sigma_sq, F.softplus(attn.sigma_affine(scores)).squeeze(-1))
     with pytest.raises(ValueError, match='sigma_sq_min'):
         Config(sigma_sq_min=0.0)
+
+
+def test_sigma_sq_init_starts_every_density_that_narrow():
+    """sigma_sq_init sets Eq. 10's bias so that σ² = softplus(affine(scores)) starts at it for every layer (up to
+    the scores' small contribution); 0 keeps the authors' bias 0 (σ² = softplus(0) ≈ 0.69)."""
+    import model_infformer
+    B, H, T, N, D = 2, 2, 3, 16, 8
+    basis = gaussian_basis(N, (0.05, 0.1))
+    zeros = torch.zeros(B, H, N, D, dtype=F64)                # zero keys: scores 0, σ² = softplus(bias) exactly
+    read = model_infformer.LTMRead(zeros, zeros, torch.ones(B, dtype=torch.bool), *basis)
+    for init, expected in ((1e-3, 1e-3), (0.0, math.log(2))):
+        model = make_model(sigma_sq_init=init)
+        for layer in model.layers:
+            with torch.no_grad():
+                _, _, sigma_sq = layer.attn.ltm(torch.randn(B, H, T, D, dtype=F64), read)
+            torch.testing.assert_close(sigma_sq, torch.full_like(sigma_sq, expected))
+    with pytest.raises(ValueError, match='sigma_sq_init'):
+        Config(sigma_sq_init=-1.0)
