@@ -100,7 +100,7 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
       gate       the CNN gate sigmoid(Conv1d(X)) (Eq. 18) on the digits' layer inputs, and on the filler's;
       write      max_t cos(Bᵀψ(t), x̃_j): how well the signal the ASK segment reads (the ridge regression of
                  Eq. 5 after every later write, Eqs. 13-15) gives back the digit's gated state x̃_j anywhere in
-                 [0, 1]; t*_j is where, and `basis` the basis centres within the key's span [t*_min, t*_max];
+                 [0, 1]; t*_j is where, and `basis_in_span` the basis centres in [min_j t*_j, max_j t*_j];
       read       per head, at the query that predicts digit j: |μ − t*_j| (Eq. 9), σ (Eq. 10), and the cosine of
                  what the density reads in state space, r = Bᵀ E_p[ψ] (Eq. 11 before W^V), with x̃_j against its
                  mean cosine with the other 4 digits' states (above it: the read singles out digit j).
@@ -119,25 +119,24 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
         inputs, densities, memory = ltm_trace(model, body)
         if not memory.ltm_written[0] > 0:
             continue                                                           # the key has not reached the LTM
+        filler = np.ones(len(body), bool)
+        filler[key:key + 6] = False
+        filler[ask:] = False
+        q = torch.arange(ask, ask + 5) - (len(body) - T)                       # the 5 queries, in the segment
         with torch.no_grad():
             for n, layer in enumerate(model.layers):
                 X = inputs[n]                                                  # (len(body), C) the layer inputs
                 gate = layer.attn.ltm.gate
                 g = torch.sigmoid(gate(X.T[None]))[0].T if gate is not None else torch.ones_like(X)   # (L, C)
-                xt = (g * X)[key + 1:key + 6]                                  # x̃ of the 5 digits
+                xt = F.normalize((g * X)[key + 1:key + 6], dim=-1)             # x̃ of the 5 digits, unit norm
                 signal = psi @ memory.ltm_B[n][0].float()                      # (grid, C) Bᵀψ(t)
-                cos = F.normalize(signal, dim=-1) @ F.normalize(xt, dim=-1).T  # (grid, 5)
-                best, where = cos.max(0)
+                best, where = (F.normalize(signal, dim=-1) @ xt.T).max(0)      # cosines (grid, 5) -> best t
                 t_star = t[where]
-                filler = np.ones(len(body), bool)
-                filler[key:key + 6] = False
-                filler[ask:] = False
                 mu, s2 = densities[n]                                          # (1, H, T) of the ASK segment
-                q = torch.arange(ask, ask + 5) - (len(body) - T)               # the 5 queries, in the segment
                 mu, s2 = mu[0][:, q], s2[0][:, q]                              # (H, 5)
                 e_psi = mf.expected_basis(mu, s2, model.long_term.basis_mu, model.long_term.basis_sigma)  # (H,5,N)
                 r = F.normalize(e_psi @ memory.ltm_B[n][0].float(), dim=-1)   # (H, 5, C)
-                rc = torch.einsum('hjc,ic->hji', r, F.normalize(xt, dim=-1))   # (H, 5 queries, 5 digits)
+                rc = torch.einsum('hjc,ic->hji', r, xt)                        # (H, 5 queries, 5 digits)
                 own = rc.diagonal(dim1=1, dim2=2)                              # (H, 5)
                 other = (rc.sum(-1) - own) / 4
                 lo, hi = t_star.min(), t_star.max()
