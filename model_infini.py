@@ -40,6 +40,9 @@ Deliberate deviations and choices (also listed in the README):
     GPT-2 BPE tokens, scaled tied embeddings, N(0, init_std) initialisation: as model_xl.py.
   - The paper does not say how β is initialised or how fast it learns; `gate_init` and `gate_lr_mult` expose
     both (see `lr_multipliers` for why the multiplier matters).
+  - `feature_scale` s (1, the paper, by default) reads and writes with σ(s Q), σ(s K): an ablation, not the paper.
+    At s = 1 and this init, σ(q)·σ(k_j) hardly varies with j, so a read starts as the average of everything written
+    (bench/README.md, recall); a larger s makes σ nearly 0 on negative coordinates, a sparser, sharper kernel.
 """
 
 import math
@@ -65,6 +68,7 @@ class Config:
     memory_update: str = 'linear'  # 'linear' (Eq. 4) or 'delta' (Eq. 5, "Linear + Delta")
     gate_init: float = 0.0    # initial β of every head: sigmoid(0) = 0.5 mixes memory and local attention evenly
     gate_lr_mult: float = 100.0  # β's learning rate = learning_rate * gate_lr_mult (see Model.lr_multipliers)
+    feature_scale: float = 1.0  # the memory's σ(s Q), σ(s K) (Eqs. 3-5); 1 = the paper (an ablation, see above)
     rope_base: float = 10000.0  # RoPE θ_i = rope_base^(-2i/d_head) on the local attention's queries and keys
     pre_lnorm: bool = False   # False: post-LN (as model_xl.py); True: pre-LN (+ final LayerNorm)
     init_std: float = 0.02    # normal init of weights, as model_xl.py
@@ -82,6 +86,8 @@ class Config:
             raise ValueError(f"d_head must be even (RoPE rotates pairs of dimensions), got {self.d_head}")
         if not self.gate_lr_mult >= 0.0:
             raise ValueError(f"gate_lr_mult must be >= 0, got {self.gate_lr_mult}")
+        if not (math.isfinite(self.feature_scale) and self.feature_scale > 0.0):
+            raise ValueError(f"feature_scale must be > 0, got {self.feature_scale}")
         if not math.isfinite(self.gate_init):
             raise ValueError(f"gate_init must be finite, got {self.gate_init}")
         if not self.rope_base > 0.0:
@@ -281,6 +287,7 @@ class InfiniAttention(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.dropatt_p = config.dropatt
         self.pre_lnorm = config.pre_lnorm
+        self.feature_scale = config.feature_scale                 # s in σ(s Q), σ(s K); 1 = the paper
 
     def gate(self):
         return torch.sigmoid(self.beta)                           # (H,)
@@ -311,7 +318,7 @@ class InfiniAttention(nn.Module):
 
         # memory retrieval, Eq. 3, in the memory's dtype (float32 even under bf16 autocast)
         with torch.autocast(h.device.type, enabled=False):
-            A_mem = memory_retrieve(sigma(q.to(M.dtype)), M, z, has_memory)          # (B, H, T, D)
+            A_mem = memory_retrieve(sigma(q.to(M.dtype) * self.feature_scale), M, z, has_memory)   # (B, H, T, D)
 
         # Eq. 6: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head, as one op: A_dot + g (A_mem - A_dot)
         g = self.gate().view(1, H, 1, 1)
@@ -323,7 +330,7 @@ class InfiniAttention(nn.Module):
     def update_memory(self, M, z, has_memory, k, v, rule):
         """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5."""
         with torch.autocast(k.device.type, enabled=False):
-            return memory_update(sigma(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
+            return memory_update(sigma(k.to(M.dtype) * self.feature_scale), v.to(M.dtype), M, z, has_memory, rule)
 
 
 class Block(nn.Module):

@@ -210,17 +210,15 @@ def rel_shift(x):
 
 
 def future_position_scores(q, r_k, W):
-    """rel_shift's counterpart for distances to the right (Eq. 12): look-ahead scores (q_i + v₊)·W_{k,R} R_{j-i} of the
-    M memory queries q (B, H, M, D), v₊ added, against the W window keys; r_k (H, M, D) is W_{k,R} R for the
-    distances 1..M. Out: y[..., i, j] = q_i · r_k[M - W + j - i], key j at position M - W + 1 + j of [memory ;
-    segment]; keys at or left of the query (distance <= 0) give garbage, always masked. The authors' code scores every
-    query against every distance, O(M²); here each block of W queries scores its 2W - 1 distances as one (W, 2W)
-    product, O(M W) (index_select and gather: a strided-view skew aborted inductor's CPU backward)."""
+    """rel_shift's counterpart to the right (Eq. 12): scores (q_i + v₊)·W_{k,R} R_{j-i} of the M memory queries q
+    (B, H, M, D), v₊ added, against the W window keys; r_k (H, M, D) is W_{k,R} R at distances 1..M. Out: y[..., i, j]
+    = q_i · r_k[M - W + j - i], key j at position M - W + 1 + j of [memory ; segment] (distance <= 0: garbage, always
+    masked). Each block of W queries scores its 2W - 1 distances as one (W, 2W) product, O(M W) where the authors'
+    code is O(M²) (index_select and gather: a strided-view skew aborted inductor's CPU backward)."""
     B, H, M, D = q.shape
     nb = -(-M // W)                                               # blocks of W queries
     q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
-    # block a needs the distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW; rows outside 0..M-1
-    # only ever meet masked entries and read zeros
+    # block a needs distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW; rows outside 0..M-1 read zeros
     pad = (nb + 1) * W - M - 1                                    # zero rows before row 0
     r = F.pad(r_k, (0, 0, pad, 1))                                # (H, pad + M + 1, D)
     first = pad + M - 2 * W + 1 - W * torch.arange(nb, device=q.device)           # (nb,) c0(a) in r's rows
@@ -343,9 +341,8 @@ def look_ahead_mask(memory, W):
     is on its right (p > i: §3.1's upper triangle), valid, and not yet looked at: in the previous segment but not its
     first token (the end of the previous window), p > M - prev_len, or the segment's first token, p = M."""
     M, device = memory.mem.size(2), memory.length.device
-    i = torch.arange(M, device=device)[:, None]                   # (M, 1)
     p = torch.arange(M - W + 1, M + 1, device=device)             # (W,)
-    right = (p[None] > i)[None]                                   # (1, M, W)
+    right = (p[None] > torch.arange(M, device=device)[:, None])[None]            # (1, M, W): p > i
     unseen = (p[None] > (M - memory.prev_len)[:, None]) | (p == M)[None]          # (B, W)
     valid = p[None] >= (M - memory.length)[:, None]                                 # (B, W)
     return (right & (unseen & valid)[:, None])[:, None]          # (B, 1, M, W)
@@ -513,15 +510,12 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs per token, for MFU, as autograd computes them with the memory detached: model_xl.py's count
-        (its docstring), plus per segment the memory's way up. The stored m^0 has no gradient, so layer 0 projects it
-        at 4 FLOPs a multiply-add; every refreshed m^l (l >= 1) carries the segment's gradient, so its keys and
-        values cost 6. Every layer but the last refreshes: W_q over M memory queries (4 in layer 0, then 6), the
-        look-ahead attention (W keys, 2W distances, W values per query), W_o and the feed-forward over M positions.
-        W_{k,R} works on R once per batch (not counted, as model_xl.py)."""
+        """Training FLOPs per token (MFU), memory detached: model_xl.py's count plus, per segment, the memory's way up.
+        A multiply-add costs 4 FLOPs on the stored m^0 (no gradient), 6 on every refreshed m^l. Every layer but the
+        last refreshes: W_q over M memory queries, the look-ahead attention (W keys, 2W distances, W values per
+        query), W_o and the feed-forward over M positions. W_{k,R} acts on R once per batch (not counted)."""
         c = self.config
-        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
-                       if name.endswith('weight') and p.dim() > 1)        # norms, u and v take none)
+        matrices = sum(p.numel() for n, p in self.named_parameters() if n.endswith('weight') and p.dim() > 1)
         M = c.mem_len if mem_len is None else mem_len
         T, K, C, HD, W, L = c.seg_len, M + c.seg_len, c.n_embd, c.n_head * c.d_head, min(c.seg_len, M), c.n_layer
         weights = 6 * (matrices - L * C * HD)           # every weight but W_{k,R}, once a token
@@ -535,9 +529,8 @@ class Model(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx; callback as
-        decode()'s. A segment's first tokens refresh the memory as forward() does; later ones attend to the cached
-        keys and values; when decode() closes the segment it becomes the memory as in forward()."""
+        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional); callback as decode()'s. A segment's
+        first tokens refresh the memory as forward() does, later ones attend to the cached keys and values."""
         if memory is None:
             memory = self.init_memory(idx.size(0), idx.device)
         seg = None                                                      # the open segment, None until its first token

@@ -1,8 +1,10 @@
 """
-Why a memory does not recall the passkey, for a checkpoint trained by bench/recall.py, at given depths:
+Why a memory does not recall the passkey (or the assoc pairs), for a checkpoint trained by bench/recall.py:
 
     python bench/diagnose.py out-recall/passkey/infini_linear/seed1 --depths=96,384
     python bench/diagnose.py out-recall/passkey/infformer/seed1 --depths=160,384
+    python bench/diagnose.py out-recall/assoc/infini_linear/seed1     # any model trained on the assoc task
+    python bench/diagnose.py out-recall/passkey/infini_linear/seed1 --depths=96 --init   # the same model at init
 
 Infini-attention (`memory_update=linear`): the share of the ASK position's memory read that falls on the key's 5
 digit tokens, per layer and head, next to the head's gate σ(β). The ∞-former: its long-term memory stage by stage
@@ -12,6 +14,12 @@ The linear memory's read is Σ_j σ(q)·σ(k_j) v_j / Σ_j σ(q)·σ(k_j) over e
 token j's weight is σ(q)·σ(k_j), normalised. A uniform read would put 5 / (tokens in memory) on the key; a softmax
 head that recalls puts nearly all of its weight there. (With the delta update M is not a weighted sum of the
 values, so that model is not decomposed.)
+
+Associative recall (any model): what the memory lowers the loss on, by the kind of token predicted (a pair, a
+question's key, a value), on training-distribution episodes, with the memory carried and emptied before every
+segment (assoc_loss_by_kind); for linear Infini-attention also the read's weight on the asked pair at --depths
+(in segments; assoc_pair_share). The language-model loss rewards a memory for the values (the recall) and for the
+questions' keys (which keys the episode has written so far, a bag of keys that needs no binding).
 """
 
 import sys
@@ -49,7 +57,8 @@ def memory_read_weights(model, body, T, position):
                     if start + T >= len(body):                    # the last segment: the query at `position`
                         keys = torch.cat([kv[0] for kv in past[n]], dim=2)[0]         # (H, S, D)
                         values = torch.cat([kv[1] for kv in past[n]], dim=2)[0]       # (H, S, D)
-                        w = (mi.sigma(q[0, :, position - start])[:, None, :] * mi.sigma(keys)).sum(-1)   # (H, S)
+                        q_s, k_s = q[0, :, position - start] * attn.feature_scale, keys * attn.feature_scale
+                        w = (mi.sigma(q_s)[:, None, :] * mi.sigma(k_s)).sum(-1)   # (H, S)
                         out[n] = (w / w.sum(-1, keepdim=True), values, memory.M[n], memory.z[n])
                     past[n].append((k, v))
                 memory = next_memory
@@ -60,16 +69,20 @@ def memory_read_weights(model, body, T, position):
 
 
 def key_share(model, depth, n_episodes=32, seed=0):
-    """Mean share of the ASK query's memory read on the key's 5 digits, per layer (H,), and the uniform share."""
+    """The ASK query's memory read, per layer, mean over episodes: its share on the key's 5 digits (H,) and its
+    contrast, the largest weight of any token over the uniform weight (H,); and the uniform share of 5 tokens.
+    -> ({layer: share}, {layer: contrast}, uniform share)"""
     rng = np.random.default_rng(seed)
-    T, shares = model.config.seg_len, {}
+    T, shares, contrast = model.config.seg_len, {}, {}
     for _ in range(n_episodes):
         body, _ = recall.passkey_eval_episode(rng, depth, T)
         key = int(np.flatnonzero(body == recall.KEY)[0])
         for n, (w, _, _, _) in memory_read_weights(model, body, T, len(body) - 6).items():   # the ASK token
             shares.setdefault(n, []).append(w[:, key + 1:key + 6].sum(-1))
+            contrast.setdefault(n, []).append(w.max(-1).values * w.size(-1))
             uniform = 5 / w.size(-1)
-    return {n: torch.stack(s).mean(0) for n, s in shares.items()}, uniform
+    mean = lambda d: {n: torch.stack(v).mean(0) for n, v in d.items()}
+    return mean(shares), mean(contrast), uniform
 
 
 def ltm_trace(model, body):
@@ -149,17 +162,70 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
     return {n: {k: torch.stack(v).mean(0) for k, v in d.items()} for n, d in acc.items()}
 
 
+@torch.no_grad()
+def assoc_loss_by_kind(model, n_segments=9, n_episodes=32, n_pairs=8, seed=0):
+    """Mean loss per kind of predicted token over segments 1 ... n_segments - 1 of assoc training episodes.
+    -> {'carried': {kind: loss}, 'emptied': {kind: loss}} for kinds 'pair', 'question key', 'value'."""
+    T = model.config.seg_len
+    rng = np.random.default_rng(seed)
+    x = torch.as_tensor(np.stack([recall.assoc_episode(rng, n_segments, T, n_pairs)[0] for _ in range(n_episodes)]))
+    nxt = torch.cat([x[:, 1:], torch.full((n_episodes, 1), recall.ASSOC_PAD)], 1)       # the predicted tokens
+    kinds = {'pair': nxt < recall.QUESTION0, 'question key': (nxt >= recall.QUESTION0) & (nxt < recall.VALUE0),
+             'value': (nxt >= recall.VALUE0) & (nxt < recall.ASSOC_SEP)}
+    later = (torch.arange(x.size(1)) >= T)[None]                                         # segments 1 ...
+    out = {}
+    for name, empty in (('carried', False), ('emptied', True)):
+        memory, losses = model.init_memory(n_episodes, x.device), []
+        for start in range(0, x.size(1), T):
+            if empty:
+                memory = model.reset_memory(memory, torch.ones(n_episodes, dtype=torch.bool))
+            logits, _, memory, _ = model(x[:, start:start + T], memory)
+            losses.append(F.cross_entropy(logits.float().transpose(1, 2), nxt[:, start:start + T], reduction='none'))
+        loss = torch.cat(losses, 1)
+        out[name] = {kind: float(loss[mask & later].mean()) for kind, mask in kinds.items()}
+    return out
+
+
+def assoc_pair_share(model, depth=1, n_episodes=16, n_pairs=8, seed=0):
+    """Infini-attention (linear) on assoc: the memory read of a scored question d segments after its pair, per layer
+    (H,): the weight on the asked pair's token, and the uniform share of one token. -> ({layer: share}, uniform)"""
+    rng = np.random.default_rng(seed)
+    T, shares = model.config.seg_len, {}
+    for _ in range(n_episodes):
+        body, targets = recall.assoc_episode(rng, depth + 1, T, n_pairs, depth=depth)
+        for position in np.flatnonzero(targets >= 0):
+            key = int(body[position]) - recall.QUESTION0
+            pair = int(np.flatnonzero((body < recall.QUESTION0) & (body // recall.N_VALUES == key))[0])
+            for n, (w, _, _, _) in memory_read_weights(model, body, T, int(position)).items():
+                shares.setdefault(n, []).append(w[:, pair])
+    return {n: torch.stack(v).mean(0) for n, v in shares.items()}, 1 / (depth * T)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
 
     def go(argv):
         if not argv or argv[0].startswith('--'):
-            raise common.train.UserError("usage: python bench/diagnose.py OUT_DIR [--depths=96,384]")
+            raise common.train.UserError("usage: python bench/diagnose.py OUT_DIR [--depths=96,384] [--init]")
         out_dir = Path(argv[0])
         depths = [int(d) for a in argv[1:] if a.startswith('--depths=') for d in a.split('=', 1)[1].split(',')]
         ckpt = common.train.load_checkpoint(out_dir / 'ckpt.pt', 'cpu')
         _, _, model = common.train.model_from_checkpoint(ckpt, out_dir)
+        if '--init' in argv[1:]:                          # the same model at initialisation (seed 0)
+            torch.manual_seed(0)
+            model = type(model)(model.config)
         model.eval()
+        if model.config.vocab_size == recall.ASSOC_VOCAB:                  # trained on the assoc task
+            for name, losses in assoc_loss_by_kind(model).items():
+                print(f"memory {name}: loss on " + ', '.join(f'{k} {v:.3f}' for k, v in losses.items()))
+            if type(model).__module__ == 'model_infini' and model.config.memory_update == 'linear':
+                for depth in depths or [1]:
+                    shares, uniform = assoc_pair_share(model, depth, seed=depth)
+                    for n, share in shares.items():
+                        gates = ', '.join(f'{g:.2f}' for g in model.layers[n].attn.gate())
+                        print(f"{depth} segment(s) back, layer {n}: gate σ(β) {gates} | read weight on the asked "
+                              f"pair {', '.join(f'{v:.4f}' for v in share)} (one token's uniform share {uniform:.4f})")
+            return
         if type(model).__module__ == 'model_infformer':
             for depth in depths or [384]:
                 stages = infformer_stages(model, depth, seed=depth)
@@ -177,11 +243,12 @@ def main(argv=None):
             raise common.train.UserError("only Infini-attention with memory_update=linear and the ∞-former are "
                                          "decomposed here")
         for depth in depths or [96]:
-            shares, uniform = key_share(model, depth, seed=depth)
+            shares, contrast, uniform = key_share(model, depth, seed=depth)
             for n, share in shares.items():
                 gates = ', '.join(f'{g:.2f}' for g in model.layers[n].attn.gate())
                 print(f"depth {depth} layer {n}: gate σ(β) {gates} | weight on the key digits "
-                      f"{', '.join(f'{v:.3f}' for v in share)} (uniform {uniform:.3f})")
+                      f"{', '.join(f'{v:.3f}' for v in share)} (uniform {uniform:.3f}) | largest weight / "
+                      f"uniform {', '.join(f'{v:.2f}' for v in contrast[n])}")
     common.train.run_cli(go, argv)
 
 

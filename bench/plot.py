@@ -129,7 +129,7 @@ def plot_recall(path, out):
     """Heatmaps: accuracy per model (rows) and depth / length (columns), chance in the title."""
     plt = _plt()
     r = json.loads(Path(path).read_text())
-    tasks = [t for t in ('passkey', 'sorting') if t in r.get('tasks', {})]
+    tasks = list(r.get('tasks', {}))
     fig, axes = plt.subplots(1, max(1, len(tasks)), figsize=(6.5 * max(1, len(tasks)), 4.5), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         t = r['tasks'][task]

@@ -1,10 +1,12 @@
 """
-Long-range recall, trained through train.py: passkey retrieval and the ∞-former paper's sorting task.
+Long-range recall, trained through train.py: passkey retrieval, the ∞-former paper's sorting task, and associative
+recall (many key-value pairs per segment, questions about pairs written segments back).
 
     python bench/recall.py                                   # both tasks, every variant present, CPU
     python bench/recall.py --tasks=passkey --variants=baseline,xl --tokens=500000
     python bench/recall.py --device=cuda                     # bf16 + compile, as train.py does on a GPU
     python bench/recall.py --tasks=passkey --seeds=1,2,3 --bptt_segments=16 --curriculum=0.25   # as issue 15 asks
+    python bench/recall.py --tasks=assoc --variants=infini_linear --bptt_segments=16 --batch_size=1 --curriculum=0.25
 
 For each task the data are written in train.py's format (data/README.md) to a directory under --out_dir, every
 variant is trained on it with `train.train([...flags])` (the same token budget for every model), and its
@@ -19,6 +21,9 @@ seg_len + mem_len tokens back retrieves every digit up to depth seg_len + mem_le
 Sorting (Martins et al. 2022, §4.1). L symbols of a 20-symbol vocabulary drawn from p = α p0 + (1 − α) p1, α
 rising linearly from 0 to 1 over the sequence (p0, p1 ~ Dirichlet(1) per episode), then SEP and the 20 symbols
 in decreasing order of frequency in the whole sequence (ties: smaller symbol first).
+Associative recall (assoc_episode). Every segment writes `assoc_pairs` pairs (one token each) and asks questions "k? v"
+(27 at T = 64) about pairs of this or any earlier segment of the episode; the scored questions (evaluation) ask
+pairs written exactly d segments back and asked nowhere since. Depth is counted in segments (`--assoc_depths`).
 
 The trap, and how the tasks are made learnable. Only the answer depends on the evidence, and with the evidence
 segments back a model whose memory is detached gets no gradient saying what to store. So most training episodes
@@ -50,8 +55,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 # The recall size: small enough to train in minutes per model on one CPU core.
-# init_std 0.1 (≈ 1/sqrt(n_embd)) instead of the LM default 0.02: at d_model 64 the 0.02 start leaves the query-key
-# products so small that the in-window lookup sits on a plateau for thousands of steps (bench/README.md)
+# init_std 0.1 at n_embd 64 (recall_size scales it as 1/sqrt(n_embd)) instead of the LM default 0.02: at d_model 64
+# the 0.02 start leaves the query-key products so small that the in-window lookup sits on a plateau for thousands
+# of steps (bench/README.md)
 RECALL_SIZE = dict(vocab_size=64, n_layer=2, n_embd=64, n_head=2, d_head=32, d_inner=256, seg_len=64, init_std=0.1)
 RECALL_MEMORY = dict(mem_len=64, cmem_len=32, n_basis=64)      # window W = seg_len + mem_len = 128
 # the ∞-former's synthetic-task setting (config/infformer_sorting.py, the authors' sorting script)
@@ -61,6 +67,14 @@ SYNTHETIC = {'infformer': dict(basis_widths='0.01,0.05', tau=0.75, ridge_lambda=
 KEY, ASK, FILLER0, N_FILLER = 50, 51, 52, 12
 # sorting tokens
 N_SYMBOLS, SEP, PAD = 20, 20, 21
+# associative-recall tokens (its own vocabulary): pair (k, v) is token N_VALUES k + v, question "k?" QUESTION0 + k,
+# value v VALUE0 + v
+N_KEYS, N_VALUES = 80, 8
+QUESTION0 = N_KEYS * N_VALUES
+VALUE0 = QUESTION0 + N_KEYS
+ASSOC_SEP, ASSOC_PAD = VALUE0 + N_VALUES, VALUE0 + N_VALUES + 1
+ASSOC_VOCAB = 768                                   # 730 tokens, padded to a multiple of 64
+TASKS = ('passkey', 'sorting', 'assoc')
 
 
 @dataclass
@@ -71,13 +85,17 @@ class RecallConfig:
     tokens: int = 4_000_000        # training tokens per model per task (the same budget for every model)
     batch_size: int = 16
     learning_rate: float = 3e-3
-    inside_fraction: float = 0.9   # training episodes whose evidence and question share a segment (see the trap)
+    inside_fraction: float = 0.9   # training episodes whose evidence and question share a segment (see the trap;
+                                   # not assoc, whose every segment asks about itself too)
     warmup_iters: int = 100
     min_lr: float = 3e-3           # the cosine schedule's floor (= learning_rate: constant after warm-up)
     grad_clip: float = 1.0
     depths: str = '32,96,160,192,384,768,1024'   # passkey depths evaluated (W = 128 at the recall size)
     max_depth_factor: float = 8.0  # passkey training depths up to this many windows
     lengths: str = '32,1024,2048,4096'       # sorting lengths evaluated (32: sequence and answer in one segment)
+    assoc_depths: str = '0,1,2,4,8'          # assoc: segments from the pairs' segment to the scored questions
+                                             # (0: the same segment). Training streams hold 1 ... max + 1 segments
+    assoc_pairs: int = 8                     # assoc: pairs written per segment (half of them scored)
     eval_episodes: int = 64        # per depth / length
     out_dir: str = 'out-recall'    # data, checkpoints and logs
     out: str = str(common.RESULTS / 'recall.json')
@@ -102,8 +120,16 @@ class RecallConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for t in self.tasks.split(','):
-            if t not in ('passkey', 'sorting'):
-                raise ValueError(f"unknown task {t!r}; known: passkey, sorting")
+            if t not in TASKS:
+                raise ValueError(f"unknown task {t!r}; known: {', '.join(TASKS)}")
+        if 'assoc' in self.tasks.split(','):
+            n_pairs, depth = self.assoc_pairs, max(common.int_list(self.assoc_depths, 'assoc_depths'))
+            if not 2 <= n_pairs <= (self.seg_len - 3) // 3:
+                raise ValueError(f"assoc_pairs must be in [2, {(self.seg_len - 3) // 3}] at seg_len={self.seg_len} "
+                                 f"(as many questions as pairs), got {n_pairs}")
+            if (depth + 1) * n_pairs > N_KEYS:
+                raise ValueError(f"assoc_depths: an episode of {depth + 1} segments of {n_pairs} pairs needs more "
+                                 f"than the {N_KEYS} keys; at most {N_KEYS // n_pairs - 1} at seg_len={self.seg_len}")
         if self.overrides and '=' not in self.overrides.split(',')[0]:
             raise ValueError(f"overrides must be field=value,..., got {self.overrides!r}")
         if not 0 <= self.inside_fraction <= 1:
@@ -183,6 +209,48 @@ def sorting_train_episode(rng, T, max_length, inside_fraction=0.5):
     return sorting_episode(rng, length)
 
 
+def assoc_episode(rng, n_segments, T, n_pairs, depth=None):
+    """Associative recall over n_segments segments. Segment s: n_pairs pair tokens (key, value), keys new to the
+    episode, SEP, then questions "k? v" about keys written in segments 0 ... s (a segment uniformly, then a key of
+    it), padding to T. The target at "k?" is v (1 of N_VALUES). A pair is one token, as the passkey's place-tagged
+    digits: answering is one content lookup ("the pair with key k"), which one attention layer can learn. With key
+    and value as two tokens the answer needs an induction circuit (an earlier version of this task, not kept: XL's
+    loss stayed flat, 3.93, over 3M in-segment tokens; in-segment accuracy 0.05 after 4M tokens). Every segment
+    asks about every earlier one, so each distance gets gradient from many questions (the passkey has one key per
+    episode).
+    depth=d (evaluation; n_segments = d + 1): only the last segment's first n_pairs/2 questions are scored, asking
+    the keys of segment 0 that no earlier question asked (earlier ones draw on the other half of each segment's
+    keys), so a scored value is nowhere in the episode but in its pair, d segments back."""
+    n_questions = (T - n_pairs - 1) // 2
+    keys = rng.choice(N_KEYS, (n_segments, n_pairs), replace=False)
+    values = rng.integers(0, N_VALUES, (n_segments, n_pairs))
+    free = n_pairs if depth is None else n_pairs // 2    # keys 0 .. free-1 of each segment may be asked freely
+    body, targets = [], []
+    for s in range(n_segments):
+        src = rng.integers(0, s + 1, n_questions)        # the segment each question asks about
+        slot = rng.integers(0, free, n_questions)
+        scored = np.full(n_questions, depth is None)
+        if depth is not None and s == n_segments - 1:
+            n_scored = n_pairs - free
+            src[:n_scored], slot[:n_scored], scored[:n_scored] = s - depth, free + rng.permutation(n_scored), True
+        k, v = keys[src, slot], values[src, slot]
+        questions = np.stack([QUESTION0 + k, VALUE0 + v], 1).ravel()
+        segment = np.concatenate([N_VALUES * keys[s] + values[s], [ASSOC_SEP], questions])
+        body.append(np.concatenate([segment, np.full(T - len(segment), ASSOC_PAD)]))
+        target = np.full(T, -1)
+        at = n_pairs + 1 + 2 * np.arange(n_questions)     # "k?" predicts its value (the next token)
+        target[at[scored]] = VALUE0 + v[scored]
+        targets.append(target)
+    return np.concatenate(body), np.concatenate(targets)
+
+
+def assoc_train_episode(rng, T, n_pairs, max_segments, inside_fraction):
+    """inside_fraction = 1 (the curriculum): one segment. Otherwise 1 ... max_segments segments, uniformly (every
+    multi-segment episode already asks about its own segment in 1/(s + 1) of segment s's questions)."""
+    n = 1 if inside_fraction >= 1 else int(rng.integers(1, max_segments + 1))
+    return assoc_episode(rng, n, T, n_pairs)
+
+
 def window_reference(rng, length, window, n=2000):
     """Accuracy of sorting by the frequencies in the last `window` symbols only (what a model that sees no further
     back than its window could at best infer from counts), on fresh episodes."""
@@ -198,6 +266,23 @@ def window_reference(rng, length, window, n=2000):
 
 # -----------------------------------------------------------------------------------------------------------
 # Data in train.py's format
+
+
+PAD_TOKEN = {'passkey': None, 'sorting': PAD, 'assoc': ASSOC_PAD}    # None: the filler phrase
+VALID_COLUMN = {'passkey': 96, 'sorting': 256, 'assoc': 2}          # train.py's validation episodes
+
+
+def task_vocab(task):
+    return ASSOC_VOCAB if task == 'assoc' else RECALL_SIZE['vocab_size']
+
+
+def eval_episode(task, rng, column, T, cfg):
+    """One scored episode of a column: a passkey depth, a sorting length or an assoc depth in segments."""
+    if task == 'passkey':
+        return passkey_eval_episode(rng, column, T)
+    if task == 'sorting':
+        return sorting_episode(rng, column)
+    return assoc_episode(rng, column + 1, T, cfg.assoc_pairs, depth=column)
 
 
 def pad_to(body, targets, T, pad_token):
@@ -218,7 +303,8 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
     T, W, k = cfg.seg_len, cfg.seg_len + cfg.mem_len, cfg.bptt_segments
     rng = np.random.default_rng(seed)
     max_length = max(int(v) for v in cfg.lengths.split(','))
-    pad_token = None if task == 'passkey' else PAD
+    max_segments = max(common.int_list(cfg.assoc_depths, 'assoc_depths')) + 1
+    pad_token = PAD_TOKEN[task]
     streams, starts = [], []
     for s in range(n_streams):
         parts, n = [], 0
@@ -226,8 +312,10 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
             inside = 1.0 if n < cfg.curriculum * n_segments * T else cfg.inside_fraction
             if task == 'passkey':
                 body, targets = passkey_train_episode(rng, T, W, cfg.max_depth_factor, inside)
-            else:
+            elif task == 'sorting':
                 body, targets = sorting_train_episode(rng, T, max_length, inside)
+            else:
+                body, targets = assoc_train_episode(rng, T, cfg.assoc_pairs, max_segments, inside)
             body, _ = pad_to(body, targets, T, pad_token)
             used, need = (n // T) % k, len(body) // T
             if k > 1 and used + need > k >= need:             # would cross a graph boundary: start at the next
@@ -239,9 +327,8 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
             parts.append(body)
             n += len(body)
         streams.append(np.concatenate(parts)[:n_segments * T])
-    train_tokens = np.concatenate(streams + [[PAD if task == 'sorting' else FILLER0]])   # + 1: the last target
-    valid = np.concatenate([pad_to(*(passkey_eval_episode(rng, 96, T) if task == 'passkey'
-                                     else sorting_episode(rng, 256)), T, PAD if task == 'sorting' else None)[0]
+    train_tokens = np.concatenate(streams + [[pad_token or FILLER0]])   # + 1: the last target
+    valid = np.concatenate([pad_to(*eval_episode(task, rng, VALID_COLUMN[task], T, cfg), T, pad_token)[0]
                             for _ in range(16)] + [[0]])
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -249,7 +336,7 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
     for split in ('validation', 'test'):
         valid.astype(np.uint16).tofile(data_dir / f'{split}.bin')
     np.save(data_dir / 'train_docs.npy', np.asarray([s for s in starts if s < len(train_tokens) - 1], np.int64))
-    meta = {'dataset': f'recall-{task}', 'vocab_size': RECALL_SIZE['vocab_size'],
+    meta = {'dataset': f'recall-{task}', 'vocab_size': task_vocab(task),
             'splits': {k: {'tokens': int(len(v))} for k, v in (('train', train_tokens), ('validation', valid))}}
     (data_dir / 'meta.json').write_text(json.dumps(meta))
     return data_dir
@@ -304,7 +391,7 @@ def train_steps(cfg):
 
 
 def train_variant(task, variant, spec, size, cfg, data_dir, out_dir, seed):
-    name, fields = model_fields(spec, size, cfg)
+    name, fields = model_fields(spec, {**size, 'vocab_size': task_vocab(task)}, cfg)
     steps = train_steps(cfg)
     argv = [f'--model={name}', f'--data_dir={data_dir}', f'--out_dir={out_dir}', f'--device={cfg.device}',
             f'--batch_size={cfg.batch_size}', f'--max_iters={steps}', f'--learning_rate={cfg.learning_rate}',
@@ -346,9 +433,7 @@ def score(model, episodes, T, device, ctx, reset_every_segment=False):
 
 
 def eval_columns(task, cfg):
-    if task == 'passkey':
-        return [int(d) for d in cfg.depths.split(',')]
-    return [int(v) for v in cfg.lengths.split(',')]
+    return common.int_list({'passkey': cfg.depths, 'sorting': cfg.lengths, 'assoc': cfg.assoc_depths}[task], task)
 
 
 def evaluate_variant(task, out_dir, cfg, device, device_type):
@@ -360,10 +445,7 @@ def evaluate_variant(task, out_dir, cfg, device, device_type):
     acc, exact, acc_reset, by_place = {}, {}, {}, {}
     for col in eval_columns(task, cfg):
         rng = np.random.default_rng(cfg.seed + col)          # the same episodes for every model
-        if task == 'passkey':
-            eps = [passkey_eval_episode(rng, col, T) for _ in range(cfg.eval_episodes)]
-        else:
-            eps = [pad_to(*sorting_episode(rng, col), T, PAD) for _ in range(cfg.eval_episodes)]
+        eps = [pad_to(*eval_episode(task, rng, col, T, cfg), T, PAD_TOKEN[task]) for _ in range(cfg.eval_episodes)]
         acc[str(col)], exact[str(col)], by_place[str(col)] = score(model, eps, T, device, ctx)
         acc_reset[str(col)], _, _ = score(model, eps, T, device, ctx, reset_every_segment=True)
     return acc, exact, acc_reset, by_place
@@ -419,9 +501,10 @@ def run(cfg, specs, size, argv=(), skipped=None):
         data_dirs = {} if cfg.rescore else {seed: task_data(task, cfg, seed) for seed in seeds}
         t = {'columns': cols, 'seeds': seeds, 'accuracy': {}, 'accuracy_std': {}, 'accuracy_seeds': {},
              'exact': {}, 'accuracy_memory_emptied': {}, 'runs': {},
-             'column_label': 'depth (tokens from KEY to ASK)' if task == 'passkey' else 'sequence length',
-             'metric': 'digit accuracy' if task == 'passkey' else 'position accuracy',
-             'chance': 0.1 if task == 'passkey' else 1 / N_SYMBOLS}
+             'column_label': {'passkey': 'depth (tokens from KEY to ASK)', 'sorting': 'sequence length',
+                              'assoc': 'segments from the pairs to the questions'}[task],
+             'metric': {'passkey': 'digit accuracy', 'sorting': 'position accuracy', 'assoc': 'value accuracy'}[task],
+             'chance': {'passkey': 0.1, 'sorting': 1 / N_SYMBOLS, 'assoc': 1 / N_VALUES}[task]}
         if task == 'sorting':
             rng = np.random.default_rng(cfg.seed)
             t['window_reference'] = {f'{w} tokens': {str(L): window_reference(rng, L, w, n=300) for L in cols}
@@ -464,11 +547,17 @@ def run(cfg, specs, size, argv=(), skipped=None):
     return result
 
 
+def recall_size(cfg):
+    """RECALL_SIZE at --seg_len, --n_layer, --n_embd; init_std scales as 1/sqrt(n_embd) (0.1 at n_embd 64)."""
+    return {**RECALL_SIZE, 'seg_len': cfg.seg_len, 'n_layer': cfg.n_layer, 'n_embd': cfg.n_embd,
+            'init_std': RECALL_SIZE['init_std'] * math.sqrt(RECALL_SIZE['n_embd'] / cfg.n_embd)}
+
+
 def main(argv=None):
     common.cli(argv, RecallConfig, run,
                table=lambda cfg: common.variant_table(mem_len=cfg.mem_len, cmem_len=cfg.mem_len // 2,
                                                       n_basis=cfg.mem_len),
-               size=lambda cfg: {**RECALL_SIZE, 'seg_len': cfg.seg_len, 'n_layer': cfg.n_layer, 'n_embd': cfg.n_embd})
+               size=recall_size)
 
 
 if __name__ == '__main__':

@@ -246,6 +246,8 @@ def test_overrides_take_a_list_value_and_the_recall_init():
     assert fields['basis_widths'] == '0.002,0.004' and fields['n_basis'] == '1024' and fields['init_std'] == 0.1
     with pytest.raises(ValueError, match='seg_len'):
         recall.RecallConfig(seg_len=16)
+    assert recall.recall_size(recall.RecallConfig())['init_std'] == 0.1                  # the measured setting
+    assert recall.recall_size(recall.RecallConfig(n_embd=256))['init_std'] == pytest.approx(0.05)   # 1/sqrt(n_embd)
 
 
 def test_overrides_pass_train_flags_to_train_py():
@@ -311,9 +313,55 @@ def test_sorting_answer_is_decreasing_frequency():
     assert np.mean(firsts) > 0.5
 
 
+def assoc_pairs_of(segment, n_pairs):
+    """{key: value} of a segment's pair tokens."""
+    return {int(t) // recall.N_VALUES: int(t) % recall.N_VALUES for t in segment[:n_pairs]}
+
+
+def test_assoc_eval_episode_scores_only_keys_written_depth_segments_back():
+    """depth d: d + 1 segments; only the last segment has targets, T/16 of them, each the value paired with its key
+    in segment 0; a scored key's question occurs once in the episode and its pair token once, in segment 0, so
+    nothing closer than d segments holds the answer."""
+    rng = np.random.default_rng(0)
+    T, n_pairs = 64, 8
+    for depth in (0, 1, 3):
+        body, targets = recall.assoc_episode(rng, depth + 1, T, n_pairs, depth=depth)
+        assert len(body) == (depth + 1) * T and (targets[:depth * T] == -1).all()
+        scored = np.flatnonzero(targets >= 0)
+        assert len(scored) == n_pairs // 2 and (scored > depth * T + n_pairs).all()
+        pairs = assoc_pairs_of(body[:T], n_pairs)
+        for i in scored:
+            key = int(body[i]) - recall.QUESTION0
+            assert targets[i] == body[i + 1] == recall.VALUE0 + pairs[key]
+            assert (body == body[i]).sum() == 1                                  # asked once
+            assert (body // recall.N_VALUES == key)[body < recall.QUESTION0].sum() == 1   # one pair, in segment 0
+
+
+def test_assoc_training_questions_ask_keys_already_written_with_their_values():
+    rng = np.random.default_rng(1)
+    T, n_pairs = 64, 8
+    for n in (1, 5):
+        body, targets = recall.assoc_episode(rng, n, T, n_pairs)
+        assert body.max() < recall.ASSOC_VOCAB
+        written = {}
+        for s in range(n):
+            seg, tgt = body[s * T:(s + 1) * T], targets[s * T:(s + 1) * T]
+            assert seg[n_pairs] == recall.ASSOC_SEP and seg[-1] == recall.ASSOC_PAD
+            new = assoc_pairs_of(seg, n_pairs)
+            assert not set(new) & set(written)                             # keys are new to the episode
+            written.update(new)
+            asked = np.flatnonzero(tgt >= 0)
+            assert len(asked) == (T - n_pairs - 1) // 2
+            assert all(tgt[i] == seg[i + 1] == recall.VALUE0 + written[int(seg[i]) - recall.QUESTION0] for i in asked)
+    with pytest.raises(ValueError, match='assoc_depths'):
+        recall.RecallConfig(tasks='assoc', assoc_depths='0,16')
+    with pytest.raises(ValueError, match='assoc_pairs'):
+        recall.RecallConfig(tasks='assoc', assoc_pairs=30)
+
+
 def test_task_data_streams_start_episodes_at_segment_boundaries(tmp_path):
     cfg = recall.RecallConfig(seg_len=32, mem_len=16)
-    for task in ('passkey', 'sorting'):
+    for task in recall.TASKS:
         d = recall.write_task_data(task, tmp_path / task, cfg, n_streams=3, n_segments=20, seed=0)
         tokens = np.fromfile(d / 'train.bin', dtype=np.uint16)
         docs = np.load(d / 'train_docs.npy')
@@ -324,9 +372,9 @@ def test_task_data_streams_start_episodes_at_segment_boundaries(tmp_path):
 
 @pytest.mark.parametrize('variant', list(TINY_VARIANTS))
 def test_recall_smoke(variant, tmp_path):
-    cfg = recall.RecallConfig(tokens=1024, batch_size=2, seg_len=32, mem_len=16, depths='16,40', lengths='16,40',
-                              eval_episodes=2, out_dir=str(tmp_path / 'runs'), out=str(tmp_path / 'recall.json'),
-                              plot=False)
+    cfg = recall.RecallConfig(tasks='passkey,sorting,assoc', tokens=1024, batch_size=2, seg_len=32, mem_len=16,
+                              depths='16,40', lengths='16,40', assoc_depths='0,2', eval_episodes=2,
+                              out_dir=str(tmp_path / 'runs'), out=str(tmp_path / 'recall.json'), plot=False)
     recall.run(cfg, {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
     r = json.loads((tmp_path / 'recall.json').read_text())
     for task in ('passkey', 'sorting'):
@@ -411,8 +459,9 @@ def test_diagnose_weights_reproduce_the_infini_memory_read():
         a_mem = model_infini.memory_retrieve(model_infini.sigma(q)[None, :, None], M, z,
                                              torch.ones(1, 1, 1, 1, dtype=torch.bool))[0, :, 0]   # (H, D)
         torch.testing.assert_close((w[..., None] * v).sum(1), a_mem, atol=1e-5, rtol=1e-4)
-    shares, uniform = diagnose.key_share(model, 40, n_episodes=2)
+    shares, contrast, uniform = diagnose.key_share(model, 40, n_episodes=2)
     assert uniform == 5 / 32 and all(((s >= 0) & (s <= 1)).all() for s in shares.values())
+    assert all(((c >= 1) & (c <= 32)).all() for c in contrast.values())      # max weight / (1/32) of 32 tokens
 
 
 def test_diagnose_ltm_read_is_the_infformers_own():
@@ -444,6 +493,23 @@ def test_diagnose_ltm_read_is_the_infformers_own():
         assert -1 <= float(d['write_cos']) <= 1 and d['mu_error'].shape == (c.n_head,)
         assert 0 < float(d['gate_digits']) < 1
     assert diagnose.infformer_stages(model, 20, n_episodes=2) == {}           # the key is still in the STM
+
+
+def test_diagnose_assoc_losses_separate_what_the_memory_carries():
+    """assoc_loss_by_kind: with no memory (the baseline) carrying and emptying it give the same losses; with a
+    memory (XL, the last 16 tokens of the previous segment) the predictions of later segments change."""
+    size = dict(vocab_size=recall.ASSOC_VOCAB, seg_len=64)
+    base, _ = common.build(dict(TINY_VARIANTS['baseline'], **size))
+    xl, _ = common.build(dict(TINY_VARIANTS['xl'], **size))
+    for model in (base, xl):
+        model.eval()
+    b = diagnose.assoc_loss_by_kind(base, n_segments=3, n_episodes=2)
+    assert b['carried'] == b['emptied'] and set(b['carried']) == {'pair', 'question key', 'value'}
+    x = diagnose.assoc_loss_by_kind(xl, n_segments=3, n_episodes=2)
+    assert all(v > 0 for v in x['carried'].values()) and x['carried'] != x['emptied']
+    infini, c = common.build(dict(TINY_VARIANTS['infini_linear'], **size))
+    shares, uniform = diagnose.assoc_pair_share(infini.eval(), depth=1, n_episodes=1)
+    assert uniform == 1 / 64 and all(s.shape == (c.n_head,) and ((s > 0) & (s < 1)).all() for s in shares.values())
 
 
 def test_diagnose_rejects_other_models_in_one_line(tmp_path, capsys):

@@ -93,6 +93,7 @@ def naive_layer(attn, h, history, rule, pre_lnorm, gate=None):
             rows = slice(n * D, (n + 1) * D)
             project = lambda W, x: W[rows] @ norm(x)
             q = project(W_q, h[i])
+            s = attn.feature_scale                        # the memory reads and writes σ(s q), σ(s k)
             # local attention with RoPE over positions 0..i of this segment
             scores = torch.stack([rotate(q, i) @ rotate(project(W_k, h[j]), j) / math.sqrt(D) for j in range(i + 1)])
             prob = torch.softmax(scores, dim=0)
@@ -101,11 +102,12 @@ def naive_layer(attn, h, history, rule, pre_lnorm, gate=None):
             if rule == 'linear':
                 keys = [project(W_k, x) for segment in history for x in segment]
                 values = [project(W_v, x) for segment in history for x in segment]
-                A_mem = naive_linear_attention(q, keys, values) if keys else torch.zeros(D, dtype=F64)
+                A_mem = (naive_linear_attention(s * q, [s * k for k in keys], values) if keys
+                         else torch.zeros(D, dtype=F64))
             else:
-                segments = [[(project(W_k, x), project(W_v, x)) for x in segment] for segment in history]
+                segments = [[(s * project(W_k, x), project(W_v, x)) for x in segment] for segment in history]
                 M, z = naive_delta_memory(segments, D)
-                A_mem = (sigma(q) @ M) / (sigma(q) @ z) if history else torch.zeros(D, dtype=F64)
+                A_mem = (sigma(s * q) @ M) / (sigma(s * q) @ z) if history else torch.zeros(D, dtype=F64)
             g = torch.sigmoid(attn.beta[n])
             g = {'mem': 1.0, 'dot': 0.0}.get(gate, g)
             heads.append(g * A_mem + (1 - g) * A_dot)
@@ -149,13 +151,15 @@ def test_rope_equals_rotation_matrices_and_is_relative():
     assert abs(rotate(q, 7) @ rotate(k, 3) - q @ k) > 1e-3
 
 
-@pytest.mark.parametrize('rule', ['linear', 'delta'])
-@pytest.mark.parametrize('pre_lnorm', [False, True])
-def test_layer_equals_naive_reference_over_segments(rule, pre_lnorm):
+@pytest.mark.parametrize('rule, pre_lnorm, feature_scale', [('linear', False, 1.0), ('linear', True, 1.0),
+                                                            ('delta', False, 1.0), ('delta', True, 1.0),
+                                                            ('linear', False, 3.0), ('delta', False, 3.0)])
+def test_layer_equals_naive_reference_over_segments(rule, pre_lnorm, feature_scale):
     """Every layer, every segment: RoPE local attention + retrieval from all earlier segments + the gate, as the
-    slow reference computes them (for 'linear' the reference never builds M: it is plain linear attention)."""
+    slow reference computes them (for 'linear' the reference never builds M: it is plain linear attention); with
+    feature_scale s the memory's feature map is σ(s x)."""
     seg = 4
-    model = make_model(memory_update=rule, pre_lnorm=pre_lnorm, seg_len=seg)
+    model = make_model(memory_update=rule, pre_lnorm=pre_lnorm, seg_len=seg, feature_scale=feature_scale)
     spread_gates(model)
     idx = tokens(2, 3 * seg)
     inputs, outputs = layer_io(model, idx, seg)
@@ -551,7 +555,8 @@ def test_generate_rejects_empty_prompt():
 @pytest.mark.parametrize('bad', [
     dict(n_layer=0), dict(n_head=0), dict(seg_len=0), dict(vocab_size=0), dict(d_head=0), dict(d_inner=0),
     dict(dropout=1.0), dict(dropatt=-0.1), dict(d_head=7), dict(memory_update='both'), dict(gate_lr_mult=-1.0),
-    dict(gate_init=float('nan')), dict(rope_base=0.0), dict(init_std=0.0),
+    dict(gate_init=float('nan')), dict(rope_base=0.0), dict(init_std=0.0), dict(feature_scale=0.0),
+    dict(feature_scale=float('inf')),
 ], ids=str)
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError):
