@@ -433,7 +433,8 @@ def score(model, episodes, T, device, ctx, reset_every_segment=False):
 
 
 def eval_columns(task, cfg):
-    return common.int_list({'passkey': cfg.depths, 'sorting': cfg.lengths, 'assoc': cfg.assoc_depths}[task], task)
+    flag = {'passkey': 'depths', 'sorting': 'lengths', 'assoc': 'assoc_depths'}[task]
+    return common.int_list(getattr(cfg, flag), flag)
 
 
 def evaluate_variant(task, out_dir, cfg, device, device_type):

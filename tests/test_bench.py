@@ -357,6 +357,8 @@ def test_assoc_training_questions_ask_keys_already_written_with_their_values():
         recall.RecallConfig(tasks='assoc', assoc_depths='0,16')
     with pytest.raises(ValueError, match='assoc_pairs'):
         recall.RecallConfig(tasks='assoc', assoc_pairs=30)
+    with pytest.raises(common.train.UserError, match='--assoc_depths'):
+        recall.eval_columns('assoc', recall.RecallConfig(assoc_depths='1,x'))
 
 
 def test_task_data_streams_start_episodes_at_segment_boundaries(tmp_path):

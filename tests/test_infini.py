@@ -78,10 +78,11 @@ def naive_delta_memory(segments, D):
 
 
 @torch.no_grad()
-def naive_layer(attn, h, history, rule, pre_lnorm, gate=None):
+def naive_layer(attn, h, history, rule, pre_lnorm, gate=None, feature_scale=1.0):
     """One InfiniAttention forward for one batch row, one (query, head) at a time.
     h: (T, C) this segment's layer input; history: [(T_s, C) layer inputs of the earlier segments].
-    gate: None = sigmoid(β); 'mem' or 'dot' = use that side of Eq. 6 only."""
+    gate: None = sigmoid(β); 'mem' or 'dot' = use that side of Eq. 6 only. feature_scale s: the memory reads and
+    writes σ(s q), σ(s k) (the model's Config.feature_scale)."""
     T, C = h.shape
     H, D = attn.n_head, attn.d_head
     W_q, W_k, W_v = attn.qkv_net.weight.split(H * D)
@@ -93,7 +94,7 @@ def naive_layer(attn, h, history, rule, pre_lnorm, gate=None):
             rows = slice(n * D, (n + 1) * D)
             project = lambda W, x: W[rows] @ norm(x)
             q = project(W_q, h[i])
-            s = attn.feature_scale                        # the memory reads and writes σ(s q), σ(s k)
+            s = feature_scale
             # local attention with RoPE over positions 0..i of this segment
             scores = torch.stack([rotate(q, i) @ rotate(project(W_k, h[j]), j) / math.sqrt(D) for j in range(i + 1)])
             prob = torch.softmax(scores, dim=0)
@@ -167,7 +168,8 @@ def test_layer_equals_naive_reference_over_segments(rule, pre_lnorm, feature_sca
         for s in range(3):
             for b in range(2):
                 history = [inputs[n][r][b] for r in range(s)]
-                expected = naive_layer(layer.attn, inputs[n][s][b], history, rule, pre_lnorm)
+                expected = naive_layer(layer.attn, inputs[n][s][b], history, rule, pre_lnorm,
+                                       feature_scale=feature_scale)
                 assert_close(outputs[n][s][b], expected)
 
 
