@@ -34,11 +34,11 @@ import common  # noqa: E402
 import recall  # noqa: E402
 
 
-def memory_read_weights(model, body, T, position):
+def memory_read_weights(model, body, T, positions):
     """Run the episode `body` (tokens, a multiple of T long) segment by segment through a linear-update Infini
-    model; for the query at `position` (in the last segment) return, per layer n, the normalised weights
-    w (H, S) = σ(q)·σ(k_j) / Σ_j σ(q)·σ(k_j) over the S tokens in memory, their values v (H, S, D), and the memory
-    (M, z) the layer read: Σ_j w_j v_j is the layer's A_mem for that query (Eqs. 7-8)."""
+    model, once; for the P queries at `positions` (in the last segment) return, per layer n, the normalised weights
+    w (H, P, S) = σ(q)·σ(k_j) / Σ_j σ(q)·σ(k_j) over the S tokens in memory, their values v (H, S, D), and the
+    memory (M, z) the layer read: Σ_j w_j v_j is the layer's A_mem for each query (Eqs. 7-8)."""
     import model_infini as mi
     inputs = {}
     hooks = [layer.attn.register_forward_hook(lambda m, a, o, n=n: inputs.__setitem__(n, a[0]))
@@ -54,11 +54,12 @@ def memory_read_weights(model, body, T, position):
                     attn = layer.attn
                     h = attn.layer_norm(inputs[n]) if attn.pre_lnorm else inputs[n]
                     q, k, v = attn.qkv_net(h).view(1, h.size(1), 3, attn.n_head, attn.d_head).permute(2, 0, 3, 1, 4)
-                    if start + T >= len(body):                    # the last segment: the query at `position`
+                    if start + T >= len(body):                    # the last segment: the queries at `positions`
                         keys = torch.cat([kv[0] for kv in past[n]], dim=2)[0]         # (H, S, D)
                         values = torch.cat([kv[1] for kv in past[n]], dim=2)[0]       # (H, S, D)
-                        q_s, k_s = q[0, :, position - start] * attn.feature_scale, keys * attn.feature_scale
-                        w = (mi.sigma(q_s)[:, None, :] * mi.sigma(k_s)).sum(-1)   # (H, S)
+                        rows = torch.as_tensor(positions) - start
+                        q_s, k_s = q[0][:, rows] * attn.feature_scale, keys * attn.feature_scale  # (H, P, D)
+                        w = mi.sigma(q_s) @ mi.sigma(k_s).transpose(1, 2)                # (H, P, S)
                         out[n] = (w / w.sum(-1, keepdim=True), values, memory.M[n], memory.z[n])
                     past[n].append((k, v))
                 memory = next_memory
@@ -66,6 +67,11 @@ def memory_read_weights(model, body, T, position):
         for hk in hooks:
             hk.remove()
     return out
+
+
+def layer_means(values):
+    """{name: [tensor, ...]} -> {name: mean tensor}: a per-episode quantity averaged over episodes."""
+    return {name: torch.stack(v).mean(0) for name, v in values.items()}
 
 
 def key_share(model, depth, n_episodes=32, seed=0):
@@ -77,12 +83,12 @@ def key_share(model, depth, n_episodes=32, seed=0):
     for _ in range(n_episodes):
         body, _ = recall.passkey_eval_episode(rng, depth, T)
         key = int(np.flatnonzero(body == recall.KEY)[0])
-        for n, (w, _, _, _) in memory_read_weights(model, body, T, len(body) - 6).items():   # the ASK token
+        for n, (w, _, _, _) in memory_read_weights(model, body, T, [len(body) - 6]).items():   # the ASK token
+            w = w[:, 0]                                                                         # (H, S)
             shares.setdefault(n, []).append(w[:, key + 1:key + 6].sum(-1))
             contrast.setdefault(n, []).append(w.max(-1).values * w.size(-1))
             uniform = 5 / w.size(-1)
-    mean = lambda d: {n: torch.stack(v).mean(0) for n, v in d.items()}
-    return mean(shares), mean(contrast), uniform
+    return layer_means(shares), layer_means(contrast), uniform
 
 
 def ltm_trace(model, body):
@@ -96,11 +102,10 @@ def ltm_trace(model, body):
              for n, layer in enumerate(model.layers)]
     hooks += [layer.attn.ltm.register_forward_hook(lambda m, a, o, n=n: densities.__setitem__(n, o[1:]))
               for n, layer in enumerate(model.layers)]
-    x, memory = torch.as_tensor(body[None]), model.init_memory(1, 'cpu')
     try:
         with torch.no_grad():
-            for start in range(0, len(body), T):
-                _, _, memory, _ = model(x[:, start:start + T], memory)
+            for _, _, memory in recall.run_segments(model, torch.as_tensor(body[None]), T):
+                pass                                                           # the hooks record; keep the last
     finally:
         for hk in hooks:
             hk.remove()
@@ -159,7 +164,7 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
                                 ('mu_error', (mu - t_star).abs().mean(-1)), ('sigma', s2.sqrt().mean(-1)),
                                 ('read_cos_own', own.mean(-1)), ('read_cos_other', other.mean(-1))):
                     acc.setdefault(n, {}).setdefault(name, []).append(torch.as_tensor(v, dtype=torch.float32))
-    return {n: {k: torch.stack(v).mean(0) for k, v in d.items()} for n, d in acc.items()}
+    return {n: layer_means(d) for n, d in acc.items()}
 
 
 @torch.no_grad()
@@ -175,13 +180,8 @@ def assoc_loss_by_kind(model, n_segments=9, n_episodes=32, n_pairs=8, seed=0):
     later = (torch.arange(x.size(1)) >= T)[None]                                         # segments 1 ...
     out = {}
     for name, empty in (('carried', False), ('emptied', True)):
-        memory, losses = model.init_memory(n_episodes, x.device), []
-        for start in range(0, x.size(1), T):
-            if empty:
-                memory = model.reset_memory(memory, torch.ones(n_episodes, dtype=torch.bool))
-            logits, _, memory, _ = model(x[:, start:start + T], memory)
-            losses.append(F.cross_entropy(logits.float().transpose(1, 2), nxt[:, start:start + T], reduction='none'))
-        loss = torch.cat(losses, 1)
+        loss = torch.cat([F.cross_entropy(logits.float().transpose(1, 2), nxt[:, start:start + T], reduction='none')
+                          for start, logits, _ in recall.run_segments(model, x, T, reset_every_segment=empty)], 1)
         out[name] = {kind: float(loss[mask & later].mean()) for kind, mask in kinds.items()}
     return out
 
@@ -193,12 +193,12 @@ def assoc_pair_share(model, depth=1, n_episodes=16, n_pairs=8, seed=0):
     T, shares = model.config.seg_len, {}
     for _ in range(n_episodes):
         body, targets = recall.assoc_episode(rng, depth + 1, T, n_pairs, depth=depth)
-        for position in np.flatnonzero(targets >= 0):
-            key = int(body[position]) - recall.QUESTION0
-            pair = int(np.flatnonzero((body < recall.QUESTION0) & (body // recall.N_VALUES == key))[0])
-            for n, (w, _, _, _) in memory_read_weights(model, body, T, int(position)).items():
-                shares.setdefault(n, []).append(w[:, pair])
-    return {n: torch.stack(v).mean(0) for n, v in shares.items()}, 1 / (depth * T)
+        asked = np.flatnonzero(targets >= 0)                          # the scored questions' "k?" positions
+        keys = body[asked] - recall.QUESTION0
+        pairs = [int(np.flatnonzero((body < recall.QUESTION0) & (body // recall.N_VALUES == k))[0]) for k in keys]
+        for n, (w, _, _, _) in memory_read_weights(model, body, T, asked).items():          # (H, P, S)
+            shares.setdefault(n, []).extend(w[:, range(len(pairs)), pairs].T)              # P of (H,)
+    return layer_means(shares), 1 / (depth * T)
 
 
 def main(argv=None):

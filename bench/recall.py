@@ -39,6 +39,7 @@ steps at d_model 64 and its length varied with the model, the seed and the answe
 (RECALL_SIZE) every model left it on every seed (bench/README.md).
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -123,7 +124,7 @@ class RecallConfig:
             if t not in TASKS:
                 raise ValueError(f"unknown task {t!r}; known: {', '.join(TASKS)}")
         if 'assoc' in self.tasks.split(','):
-            n_pairs, depth = self.assoc_pairs, max(common.int_list(self.assoc_depths, 'assoc_depths'))
+            n_pairs, depth = self.assoc_pairs, max(eval_columns('assoc', self))
             if not 2 <= n_pairs <= (self.seg_len - 3) // 3:
                 raise ValueError(f"assoc_pairs must be in [2, {(self.seg_len - 3) // 3}] at seg_len={self.seg_len} "
                                  f"(as many questions as pairs), got {n_pairs}")
@@ -276,13 +277,13 @@ def task_vocab(task):
     return ASSOC_VOCAB if task == 'assoc' else RECALL_SIZE['vocab_size']
 
 
-def eval_episode(task, rng, column, T, cfg):
+def eval_episode(task, rng, column, cfg):
     """One scored episode of a column: a passkey depth, a sorting length or an assoc depth in segments."""
     if task == 'passkey':
-        return passkey_eval_episode(rng, column, T)
+        return passkey_eval_episode(rng, column, cfg.seg_len)
     if task == 'sorting':
         return sorting_episode(rng, column)
-    return assoc_episode(rng, column + 1, T, cfg.assoc_pairs, depth=column)
+    return assoc_episode(rng, column + 1, cfg.seg_len, cfg.assoc_pairs, depth=column)
 
 
 def pad_to(body, targets, T, pad_token):
@@ -302,8 +303,8 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
     before it), so train.py's graph always holds a whole episode: the answer's gradient reaches the evidence."""
     T, W, k = cfg.seg_len, cfg.seg_len + cfg.mem_len, cfg.bptt_segments
     rng = np.random.default_rng(seed)
-    max_length = max(int(v) for v in cfg.lengths.split(','))
-    max_segments = max(common.int_list(cfg.assoc_depths, 'assoc_depths')) + 1
+    max_length = max(eval_columns('sorting', cfg))
+    max_segments = max(eval_columns('assoc', cfg)) + 1
     pad_token = PAD_TOKEN[task]
     streams, starts = [], []
     for s in range(n_streams):
@@ -328,7 +329,7 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
             n += len(body)
         streams.append(np.concatenate(parts)[:n_segments * T])
     train_tokens = np.concatenate(streams + [[pad_token or FILLER0]])   # + 1: the last target
-    valid = np.concatenate([pad_to(*eval_episode(task, rng, VALID_COLUMN[task], T, cfg), T, pad_token)[0]
+    valid = np.concatenate([pad_to(*eval_episode(task, rng, VALID_COLUMN[task], cfg), T, pad_token)[0]
                             for _ in range(16)] + [[0]])
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -407,6 +408,18 @@ def train_variant(task, variant, spec, size, cfg, data_dir, out_dir, seed):
     return argv, time.perf_counter() - t0, steps
 
 
+def run_segments(model, x, T, ctx=contextlib.nullcontext(), reset_every_segment=False):
+    """Feed tokens x (N, L) to the model segment by segment from an empty memory (emptied again before every
+    segment with reset_every_segment). Yields (start, logits of x[:, start:start + T], the memory after them)."""
+    memory = model.init_memory(x.size(0), x.device)
+    for start in range(0, x.size(1), T):
+        if reset_every_segment:
+            memory = model.reset_memory(memory, torch.ones(x.size(0), dtype=torch.bool, device=x.device))
+        with ctx:
+            logits, _, memory, _ = model(x[:, start:start + T], memory)
+        yield start, logits, memory
+
+
 @torch.no_grad()
 def score(model, episodes, T, device, ctx, reset_every_segment=False):
     """Teacher-forced accuracy of the answer tokens of equally long episodes [(tokens, targets)], memory carried
@@ -414,15 +427,9 @@ def score(model, episodes, T, device, ctx, reset_every_segment=False):
     -> (token accuracy, exact rate, accuracy of each answer token in order: the places of a passkey)"""
     x = torch.as_tensor(np.stack([e[0] for e in episodes]), dtype=torch.long, device=device)    # (N, L)
     y = torch.as_tensor(np.stack([e[1] for e in episodes]), dtype=torch.long, device=device)    # (N, L)
-    N = x.size(0)
-    memory = model.init_memory(N, device)
-    correct = torch.zeros(N, device=device)
+    correct = torch.zeros(x.size(0), device=device)
     hits = []                                                      # (N,) per answer token, in order
-    for start in range(0, x.size(1), T):
-        if reset_every_segment:
-            memory = model.reset_memory(memory, torch.ones(N, dtype=torch.bool, device=device))
-        with ctx:
-            logits, _, memory, _ = model(x[:, start:start + T], memory)
+    for start, logits, _ in run_segments(model, x, T, ctx, reset_every_segment):
         target = y[:, start:start + T]
         hit = (logits.argmax(-1) == target) & (target >= 0)
         correct += hit.sum(1)
@@ -446,7 +453,7 @@ def evaluate_variant(task, out_dir, cfg, device, device_type):
     acc, exact, acc_reset, by_place = {}, {}, {}, {}
     for col in eval_columns(task, cfg):
         rng = np.random.default_rng(cfg.seed + col)          # the same episodes for every model
-        eps = [pad_to(*eval_episode(task, rng, col, T, cfg), T, PAD_TOKEN[task]) for _ in range(cfg.eval_episodes)]
+        eps = [pad_to(*eval_episode(task, rng, col, cfg), T, PAD_TOKEN[task]) for _ in range(cfg.eval_episodes)]
         acc[str(col)], exact[str(col)], by_place[str(col)] = score(model, eps, T, device, ctx)
         acc_reset[str(col)], _, _ = score(model, eps, T, device, ctx, reset_every_segment=True)
     return acc, exact, acc_reset, by_place

@@ -445,9 +445,13 @@ def test_diagnose_weights_reproduce_the_infini_memory_read():
     body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 40, c.seg_len)   # 2 segments: 1 in memory
     body = body % c.vocab_size
     ask = len(body) - 6
-    reads = diagnose.memory_read_weights(model, body, c.seg_len, ask)
+    reads = diagnose.memory_read_weights(model, body, c.seg_len, [ask])
+    both = diagnose.memory_read_weights(model, body, c.seg_len, [ask - 1, ask])        # several queries, one pass
     assert set(reads) == set(range(c.n_layer))
     for n, (w, v, M, z) in reads.items():
+        assert w.shape == (c.n_head, 1, c.seg_len)
+        torch.testing.assert_close(both[n][0][:, 1:], w, atol=1e-6, rtol=1e-5)
+        w = w[:, 0]
         assert w.shape == (c.n_head, c.seg_len) and torch.allclose(w.sum(-1), torch.ones(c.n_head))
         h = {}
         hook = model.layers[n].attn.register_forward_hook(lambda m, a, o: h.__setitem__('x', a[0]))
