@@ -486,6 +486,26 @@ class LongTermMemory(nn.Module):
             psi = self.psi_linear.expand(ltm_B.size(0), -1, -1)                        # (B, M, N) ψ(m/M)
         return psi @ ltm_B                                                             # x_m = Bᵀψ(t_m)
 
+    def flops_per_token(self):
+        """One layer's LTM FLOPs per token in a step that writes (every step once the LTM is full), counted as
+        Model.flops_per_token: per token, the read (q·keys and the values over N basis functions, Eq. 11), the
+        affines of μ and σ² once per head (Eqs. 9-10) and W^O; per segment, the CNN gate over the seg_len new vectors
+        (Eq. 18; the weights' gradient alone, the vectors are detached), the regression (Eqs. 5, 14-15; backward to
+        X̃ only through the gate) and the keys and values of the new ltm_B (Eq. 8; with the gate, their input's
+        gradient too)."""
+        c = self.config
+        T, C, HD, N = c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_basis
+        read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * C)      # q·keys, ψ-weighted values, μ and σ² affines, W^O
+        past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14)
+        grown = past + T if c.unbounded else 0                    # [X_past ; X̃] (Eq. 15)
+        regression = 2 * (T + past + grown) * N * C               # forward
+        gate = 0
+        if c.cnn_gate:
+            gate = 4 * 3 * C * C * T
+            regression += 2 * (T + grown) * N * C                 # backward to X̃
+        keys_values = (6 if c.cnn_gate else 4) * N * C * 2 * HD
+        return read + (gate + regression + keys_values) / T
+
     def kl(self, densities, written):
         """Eq. 20: KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1), averaged over heads and queries and
         summed over layers, as the authors' code (modeling_gpt2.py:870-874 sums the layers, trainer.py:1558 averages
@@ -516,6 +536,17 @@ def rel_shift(x):
     x_padded = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1)    # (B, H, T, K+1)
     x_padded = x_padded.view(B, H, K + 1, T)
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
+
+
+# Copied from model_xl.py (Model._attn_mask) with the method->causal_mask, same_length and its mem_len argument
+# removed: Config has no same_length (every query sees the whole STM and the segment up to itself)
+def causal_mask(key_valid, T):
+    """key_valid: (B, K) bool, the last T keys being the queries themselves; causal. -> (B, 1, T, K)"""
+    K = key_valid.size(1)
+    i = torch.arange(T, device=key_valid.device)[:, None]
+    j = torch.arange(K, device=key_valid.device)[None, :]
+    return ((K - T + i - j >= 0)[None] & key_valid[:, None, :])[:, None]
+
 
 # Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->RelMultiHeadAttnLTM, the LTM attention (ltm)
 # added, and forward(..., attn_mask) -> forward(..., attn_mask, ltm), which adds Z_LTM before the residual
@@ -704,15 +735,6 @@ class Model(nn.Module):
             pos_seq = pos_seq.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
 
-    # Copied from model_xl.py (Model._attn_mask) with same_length and its mem_len argument removed: Config has no
-    # same_length (every query sees the whole STM and the segment up to itself)
-    def _attn_mask(self, key_valid, T):
-        """key_valid: (B, K) bool, the last T keys being the queries themselves; causal. -> (B, 1, T, K)"""
-        K = key_valid.size(1)
-        i = torch.arange(T, device=key_valid.device)[:, None]
-        j = torch.arange(K, device=key_valid.device)[None, :]
-        return ((K - T + i - j >= 0)[None] & key_valid[:, None, :])[:, None]
-
     # Copied from model_xl.py (Model._u_v)
     def _u_v(self, i):
         n = i if self.config.untie_r else 0
@@ -728,7 +750,7 @@ class Model(nn.Module):
             raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
         start = self._begin_segment(memory)
         key_valid = torch.cat([start.stm_valid, start.stm_valid.new_ones(B, T)], dim=1)   # (B, K), K = mem_len+T
-        attn_mask = self._attn_mask(key_valid, T)                                    # (B, 1, T, K)
+        attn_mask = causal_mask(key_valid, T)                                        # (B, 1, T, K)
         r = self._relative_positions(key_valid.size(1), idx.device)
 
         h = self.drop(self.word_emb(idx))                                            # (B, T, C)
@@ -760,31 +782,16 @@ class Model(nn.Module):
     def flops_per_token(self, mem_len=None):
         """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
         (6 FLOPs a multiply-add with both gradients, 4 with the weight's alone): model_xl.py's count for the STM (its
-        docstring), plus per layer, in a step that writes (every step once the LTM is full): per token, the LTM read
-        (q·keys and the values over N basis functions, Eq. 11), the affines of μ and σ² once per head (Eqs. 9-10) and
-        W^O; per segment, the CNN gate over the seg_len new vectors (Eq. 18; the weights' gradient alone, the vectors
-        are detached), the regression (Eqs. 5, 14-15; backward to X̃ only through the gate) and the keys and values
-        of the new ltm_B (Eq. 8; with the gate, their input's gradient too)."""
+        docstring), plus the LTM's (LongTermMemory.flops_per_token)."""
         c = self.config
         matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but the
                        if name.endswith('weight') and p.dim() > 1           # LTM's (biases, norms, u and v take
                        and '.ltm.' not in name)                             # none)
         mem_len = c.mem_len if mem_len is None else mem_len
-        T, K, C, HD, N, L = c.seg_len, mem_len + c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_basis, c.n_layer
+        T, K, C, HD, L = c.seg_len, mem_len + c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_layer
         stm = 6 * 3 * L * HD * K + 4 * L * mem_len * C * 2 * HD / T       # attention; [SG(m)]'s keys and values
         flops = 6 * (matrices - L * C * HD) + stm                          # every weight but W_{k,R} and the LTM's
-        if not c.ltm:
-            return flops
-        read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * C)      # q·keys, ψ-weighted values, μ and σ² affines, W^O
-        past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14)
-        grown = past + T if c.unbounded else 0                    # [X_past ; X̃] (Eq. 15)
-        regression = 2 * (T + past + grown) * N * C               # forward
-        gate = 0
-        if c.cnn_gate:
-            gate = 4 * 3 * C * C * T
-            regression += 2 * (T + grown) * N * C                 # backward to X̃
-        keys_values = (6 if c.cnn_gate else 4) * N * C * 2 * HD
-        return flops + L * (read + (gate + regression + keys_values) / T)
+        return flops + (L * self.long_term.flops_per_token() if c.ltm else 0)
 
     # --- generation ---------------------------------------------------------------------------------------
 
@@ -806,7 +813,7 @@ class Model(nn.Module):
                                   hids=[[] for _ in self.layers], densities=[[] for _ in self.layers])
             T = tokens.size(1)
             seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
-            attn_mask = self._attn_mask(seg.key_valid, T)
+            attn_mask = causal_mask(seg.key_valid, T)
             r = self._relative_positions(seg.key_valid.size(1), tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):

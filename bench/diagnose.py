@@ -18,10 +18,12 @@ values, so that model is not decomposed.)
 Associative recall (any model): what the memory lowers the loss on, by the kind of token predicted (a pair, a
 question's key, a value), on training-distribution episodes, with the memory carried and emptied before every
 segment (assoc_loss_by_kind); for linear Infini-attention also the read's weight on the asked pair at --depths
-(in segments; assoc_pair_share). The language-model loss rewards a memory for the values (the recall) and for the
+(in segments; assoc_pair_share). For Infini-attention, the gates σ(β) of every head over training come first,
+from log.jsonl (gate_history). The language-model loss rewards a memory for the values (the recall) and for the
 questions' keys (which keys the episode has written so far, a bag of keys that needs no binding).
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -201,6 +203,17 @@ def assoc_pair_share(model, depth=1, n_episodes=16, n_pairs=8, seed=0):
     return layer_means(shares), 1 / (depth * T)
 
 
+def gate_history(out_dir, n_points=8):
+    """Infini-attention's gates σ(β) per head over training, from train.py's log.jsonl in out_dir: n_points rows
+    (step, [σ(β) of every head, layer by layer]) evenly spaced over the logged steps, the last included."""
+    path = Path(out_dir) / 'log.jsonl'
+    if not path.exists():
+        return []
+    rows = [r for r in map(json.loads, path.read_text().splitlines()) if 'train/gate_head' in r]
+    picks = sorted({round(i * (len(rows) - 1) / max(1, n_points - 1)) for i in range(n_points)}) if rows else []
+    return [(rows[i]['step'], rows[i]['train/gate_head']) for i in picks]
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
 
@@ -215,6 +228,11 @@ def main(argv=None):
             torch.manual_seed(0)
             model = type(model)(model.config)
         model.eval()
+        if type(model).__module__ == 'model_infini' and '--init' not in argv[1:]:
+            H = model.config.n_head
+            for step, gates in gate_history(out_dir):
+                print(f"step {step}: gates σ(β) " + ' | '.join(' '.join(f'{g:.2f}' for g in gates[i:i + H])
+                                                             for i in range(0, len(gates), H)))
         if model.config.vocab_size == recall.ASSOC_VOCAB:                  # trained on the assoc task
             for name, losses in assoc_loss_by_kind(model).items():
                 print(f"memory {name}: loss on " + ', '.join(f'{k} {v:.3f}' for k, v in losses.items()))

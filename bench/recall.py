@@ -6,7 +6,8 @@ recall (many key-value pairs per segment, questions about pairs written segments
     python bench/recall.py --tasks=passkey --variants=baseline,xl --tokens=500000
     python bench/recall.py --device=cuda                     # bf16 + compile, as train.py does on a GPU
     python bench/recall.py --tasks=passkey --seeds=1,2,3 --bptt_segments=16 --curriculum=0.25   # as issue 15 asks
-    python bench/recall.py --tasks=assoc --variants=infini_linear --bptt_segments=16 --batch_size=1 --curriculum=0.25
+    python bench/recall.py --tasks=assoc --variants=infini_linear --tokens=32000000 --bptt_segments=16 --batch_size=8 --curriculum=0.25
+    python bench/recall.py --merge=seed1.json,seed2.json --out=both.json   # runs of other seeds/variants as one
 
 For each task the data are written in train.py's format (data/README.md) to a directory under --out_dir, every
 variant is trained on it with `train.train([...flags])` (the same token budget for every model), and its
@@ -111,6 +112,8 @@ class RecallConfig:
     rescore: bool = False          # no training: score the checkpoints under out_dir (an earlier run with the same
                                    # flags) at --depths / --lengths; training records come from the JSON at --out
     strict: bool = True            # a missing model file or Config field is an error (False: skip it)
+    merge: str = ''                # no training: combine result JSONs (a,b,...) of runs on other seeds or variants
+                                   # (separate processes) into --out, means and stds over all their seeds
     seg_len: int = RECALL_SIZE['seg_len']
     mem_len: int = RECALL_MEMORY['mem_len']
     n_layer: int = RECALL_SIZE['n_layer']
@@ -495,7 +498,59 @@ def summarize(t, variant, per_seed):
     t.setdefault('accuracy_by_place', {})[variant] = {str(seed): r[3] for seed, r in per_seed.items()}
 
 
+PER_SEED = ('accuracy_seeds', 'in_window_learned', 'accuracy_by_place', 'runs')   # {variant: {seed: ...}}
+SEED_MEANS = ('exact', 'accuracy_memory_emptied')                                    # {variant: {column: mean}}
+
+
+def merge_results(paths):
+    """Result JSONs of one task set trained in separate processes (other seeds of a variant, or other variants)
+    as one: every (variant, seed) once, the mean and std over all of a variant's seeds recomputed from the
+    per-seed accuracies, and the seed-averaged columns (exact, memory emptied) weighted by each file's seeds."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    merged = dict(results[0], specs={k: v for r in results for k, v in r['specs'].items()},
+                  merged_from=[{'file': str(p), 'command': r.get('command')} for p, r in zip(paths, results)])
+    merged['tasks'] = {}
+    for task in dict.fromkeys(t for r in results for t in r['tasks']):
+        parts = [(p, r['tasks'][task]) for p, r in zip(paths, results) if task in r['tasks']]
+        t = merged['tasks'][task] = {**parts[0][1], **{k: {} for k in PER_SEED + SEED_MEANS + ('accuracy',
+                                                                                                 'accuracy_std')}}
+        weights = {}
+        for path, part in parts:
+            if part['columns'] != t['columns']:
+                raise common.train.UserError(f"--merge: {path} has {task} columns {part['columns']}, "
+                                             f"{parts[0][0]} has {t['columns']}")
+            for variant, seeds in part['accuracy_seeds'].items():
+                for key in PER_SEED:
+                    for seed, value in part.get(key, {}).get(variant, {}).items():
+                        if key == 'accuracy_seeds' and seed in t[key].get(variant, {}):
+                            raise common.train.UserError(f"--merge: {task} {variant} seed {seed} is in two files")
+                        t[key].setdefault(variant, {})[seed] = value
+                for key in SEED_MEANS:
+                    for c, a in part[key][variant].items():
+                        t[key].setdefault(variant, {})[c] = t[key].get(variant, {}).get(c, 0.0) + a * len(seeds)
+                weights[variant] = weights.get(variant, 0) + len(seeds)
+        for variant, n in weights.items():
+            accs = list(t['accuracy_seeds'][variant].values())
+            t['accuracy'][variant] = {c: float(np.mean([a[c] for a in accs])) for c in accs[0]}
+            t['accuracy_std'][variant] = {c: float(np.std([a[c] for a in accs])) for c in accs[0]}
+            for key in SEED_MEANS:
+                t[key][variant] = {c: a / n for c, a in t[key][variant].items()}
+        t['seeds'] = sorted({int(s) for seeds in t['accuracy_seeds'].values() for s in seeds})
+    return merged
+
+
 def run(cfg, specs, size, argv=(), skipped=None):
+    if cfg.merge:
+        paths = [p for p in cfg.merge.split(',') if p]
+        missing = [p for p in paths if not Path(p).exists()]
+        if missing:
+            raise common.train.UserError(f"--merge: no result file {missing[0]}")
+        result = merge_results(paths)
+        common.write_json(cfg.out, {k: v for k, v in result.items() if k not in ('date', 'torch', 'threads',
+                                                                                 'command')},
+                          'bench/recall.py', argv)
+        plot_results(cfg, specs, result)
+        return result
     device, device_type = common.setup(cfg.device)
     W = cfg.seg_len + cfg.mem_len
     result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
@@ -541,18 +596,23 @@ def run(cfg, specs, size, argv=(), skipped=None):
             summarize(t, variant, per_seed)
         result['tasks'][task] = t
         common.write_json(cfg.out, result, 'bench/recall.py', argv)   # after every task: partial results survive
+    plot_results(cfg, specs, result)
+    return result
+
+
+def plot_results(cfg, specs, result):
+    """The accuracy plot next to --out and, after training, the first seed's training loss of every variant."""
     if not cfg.plot:
-        return result
+        return
     try:
         import plot
         plot.plot_recall(cfg.out, Path(cfg.out).with_suffix('.png'))
-        for task in result['tasks']:
-            logs = [run_dir(cfg, task, v, seeds[0]) / 'log.jsonl' for v in specs]      # the first seed's
+        for task in ([] if cfg.merge else result['tasks']):
+            logs = [run_dir(cfg, task, v, cfg.seed_list()[0]) / 'log.jsonl' for v in specs]   # the first seed's
             out = Path(cfg.out).with_name(f'{Path(cfg.out).stem}_{task}_loss.png')
             plot.plot_loss([p for p in logs if p.exists()], out, labels=[v for v, p in zip(specs, logs) if p.exists()])
     except plot.NoMatplotlib as e:
         print(e)
-    return result
 
 
 def recall_size(cfg):

@@ -431,6 +431,65 @@ def test_recall_seeds_are_averaged_and_bptt_reaches_train_py(tmp_path):
     for seed in (1, 2):
         assert (recall.run_dir(cfg, 'passkey', 'infini_linear', seed) / 'ckpt.pt').exists()
     plot.table([tmp_path / 'recall.json'])
+    # --merge: the seeds scored in separate processes combine into what one run over both seeds reports
+    parts = [str(tmp_path / f'seed{s}.json') for s in (1, 2)]
+    for seed, part in zip((1, 2), parts):
+        recall.run(dataclasses.replace(cfg, rescore=True, seeds=str(seed), out=part),
+                   {'infini_linear': TINY_VARIANTS['infini_linear']}, {'seg_len': 32})
+    merged = recall.run(dataclasses.replace(cfg, merge=','.join(parts), out=str(tmp_path / 'merged.json')), {}, {})
+    m = json.loads((tmp_path / 'merged.json').read_text())['tasks']['passkey']
+    assert m == merged['tasks']['passkey'] and m['seeds'] == [1, 2]
+    for key in ('accuracy', 'accuracy_std', 'exact', 'accuracy_memory_emptied'):
+        assert m[key]['infini_linear'] == pytest.approx(t[key]['infini_linear']), key
+    for key in ('accuracy_seeds', 'in_window_learned', 'accuracy_by_place'):
+        assert m[key]['infini_linear'] == t[key]['infini_linear'], key
+    with pytest.raises(common.train.UserError, match='no result file'):
+        recall.run(dataclasses.replace(cfg, merge=str(tmp_path / 'none.json')), {}, {})
+
+
+def test_recall_merge_combines_seeds_and_variants(tmp_path):
+    """merge_results: a variant's seeds from two files give the mean and std over all of them, the seed-averaged
+    columns are weighted by each file's seeds, a variant of one file only is kept, and clashes are one-line errors."""
+    def result(path, seeds_a, variant_b=False, columns=('1', '2')):
+        accs = {'a': {str(s): {c: s / 10 + int(c) / 100 for c in columns} for s in seeds_a}}
+        if variant_b:
+            accs['b'] = {'7': {c: 0.5 for c in columns}}
+        t = {'columns': list(columns), 'accuracy_seeds': accs,
+             'exact': {v: {c: len(a) * 0.1 for c in columns} for v, a in accs.items()},
+             'accuracy_memory_emptied': {v: {c: float(min(map(int, a))) for c in columns} for v, a in accs.items()},
+             'in_window_learned': {v: {s: True for s in a} for v, a in accs.items()},
+             'accuracy_by_place': {v: {s: {} for s in a} for v, a in accs.items()},
+             'runs': {v: {s: {'steps': 1} for s in a} for v, a in accs.items()}}
+        path.write_text(json.dumps({'command': f'made {path.name}', 'specs': {v: {} for v in accs},
+                                    'tasks': {'assoc': t}}))
+        return path
+    one, two = result(tmp_path / 'one.json', [1]), result(tmp_path / 'two.json', [2, 3], variant_b=True)
+    t = recall.merge_results([one, two])['tasks']['assoc']
+    values = {s: s / 10 + 0.01 for s in (1, 2, 3)}                   # column '1' of seed s
+    assert t['seeds'] == [1, 2, 3, 7] and set(t['accuracy']) == {'a', 'b'}
+    assert t['accuracy']['a']['1'] == pytest.approx(np.mean(list(values.values())))
+    assert t['accuracy_std']['a']['1'] == pytest.approx(np.std(list(values.values())))
+    assert t['exact']['a']['1'] == pytest.approx((1 * 0.1 + 2 * 0.2) / 3)            # weighted by seeds
+    assert t['accuracy_memory_emptied']['a']['2'] == pytest.approx((1 * 1 + 2 * 2) / 3)
+    assert t['accuracy']['b'] == {'1': 0.5, '2': 0.5} and t['accuracy_std']['b'] == {'1': 0.0, '2': 0.0}
+    assert set(t['runs']['a']) == {'1', '2', '3'}
+    with pytest.raises(common.train.UserError, match='seed 2 is in two files'):
+        recall.merge_results([two, two])
+    with pytest.raises(common.train.UserError, match='columns'):
+        recall.merge_results([one, result(tmp_path / 'other.json', [4], columns=('1', '4'))])
+
+
+def test_diagnose_gate_history_reads_the_logged_gates(tmp_path):
+    """gate_history: evenly spaced rows of the logged σ(β), the first and the last included, lines without gates
+    skipped; no log, no rows."""
+    rows = [{'step': 10 * i, 'train/gate_head': [i / 100, 1 - i / 100]} for i in range(1, 21)]
+    lines = [json.dumps(r) for r in rows] + [json.dumps({'step': 200, 'validation/loss': 1.0})]
+    (tmp_path / 'log.jsonl').write_text('\n'.join(lines) + '\n')
+    history = diagnose.gate_history(tmp_path, n_points=4)
+    assert [step for step, _ in history] == [10, 70, 140, 200]
+    assert history[-1][1] == [0.2, 0.8]
+    assert diagnose.gate_history(tmp_path, n_points=50) == [(r['step'], r['train/gate_head']) for r in rows]
+    assert diagnose.gate_history(tmp_path / 'none') == []
 
 
 def test_diagnose_weights_reproduce_the_infini_memory_read():
