@@ -11,10 +11,10 @@ The episodes are bench/recall.py's `assoc_episode` at depth d: d segments of 64 
 4 scored questions reads the memory and names the value of its pair, written d segments back. What is learned is
 everything the real model could choose: every token's key and value vectors (one free vector per token and head,
 pair tokens included, so a pair's key may depend on its value), every question's query vector, and a two-layer
-readout of the heads' reads. Only the memory is fixed. The real model computes its keys, values and queries from
-hidden states and reads through a gate, so it cannot do better than this; where this is low, the recall benchmark
-asks for more than the memory holds (capacity), and where this is high and the model is low, the model did not
-learn it (optimisation).
+readout of the heads' reads. Only the memory is fixed. It is one layer's memory: the real model computes its keys,
+values and queries from hidden states (which can also carry context), reads through a gate, and has one memory per
+layer. Where this is low, one layer's memory cannot hold what the recall benchmark asks (capacity); where this is
+high and the model is low, the model did not learn it (optimisation).
 
 Training mixes depths 1 ... --max_depth uniformly (one depth per batch), as the recall benchmark's streams do, with
 Adam and a cosine schedule; evaluation is on fresh episodes at every --depths. At depth d the memory holds
