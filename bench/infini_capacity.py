@@ -105,7 +105,7 @@ def episodes(rng, depth, n, cfg):
     of the last segment with their values. -> (n, depth, T), (n, Q), (n, Q) int64 tensors"""
     T, written, questions, answers = cfg.seg_len, [], [], []
     for _ in range(n):
-        body, targets = recall.assoc_episode(rng, depth + 1, T, cfg.assoc_pairs, depth=depth)
+        body, targets = recall.eval_episode('assoc', rng, depth, cfg)
         at = np.flatnonzero(targets >= 0)                                            # the scored "k?" positions
         written.append(body[:depth * T].reshape(depth, T))
         questions.append(body[at])

@@ -484,13 +484,19 @@ def task_data(task, cfg, seed):
                            seed)
 
 
+def seed_summary(accs):
+    """[{column: accuracy} per seed] -> ({column: mean over seeds}, {column: std over seeds})"""
+    cols = list(accs[0])
+    return ({c: float(np.mean([a[c] for a in accs])) for c in cols},
+            {c: float(np.std([a[c] for a in accs])) for c in cols})
+
+
 def summarize(t, variant, per_seed):
     """Per column: the mean over seeds (what the plot shows), the std, and every seed's value. A passkey variant
     learned the in-window skill on a seed when its first column (in one segment) is >= 0.95."""
     accs = {seed: r[0] for seed, r in per_seed.items()}
     cols = list(next(iter(accs.values())))
-    t['accuracy'][variant] = {c: float(np.mean([a[c] for a in accs.values()])) for c in cols}
-    t['accuracy_std'][variant] = {c: float(np.std([a[c] for a in accs.values()])) for c in cols}
+    t['accuracy'][variant], t['accuracy_std'][variant] = seed_summary(list(accs.values()))
     t['accuracy_seeds'][variant] = {str(seed): a for seed, a in accs.items()}
     t['exact'][variant] = {c: float(np.mean([r[1][c] for r in per_seed.values()])) for c in cols}
     t['accuracy_memory_emptied'][variant] = {c: float(np.mean([r[2][c] for r in per_seed.values()])) for c in cols}
@@ -505,36 +511,34 @@ SEED_MEANS = ('exact', 'accuracy_memory_emptied')                               
 def merge_results(paths):
     """Result JSONs of one task set trained in separate processes (other seeds of a variant, or other variants)
     as one: every (variant, seed) once, the mean and std over all of a variant's seeds recomputed from the
-    per-seed accuracies, and the seed-averaged columns (exact, memory emptied) weighted by each file's seeds."""
+    per-seed accuracies, and the seed-averaged columns (exact, memory emptied) weighted by each file's seeds.
+    The first file's date, torch version and command are dropped (merged_from keeps every file's command)."""
     results = [json.loads(Path(p).read_text()) for p in paths]
-    merged = dict(results[0], specs={k: v for r in results for k, v in r['specs'].items()},
+    merged = {k: v for k, v in results[0].items() if k not in ('date', 'torch', 'threads', 'command')}
+    merged.update(specs={k: v for r in results for k, v in r['specs'].items()}, tasks={},
                   merged_from=[{'file': str(p), 'command': r.get('command')} for p, r in zip(paths, results)])
-    merged['tasks'] = {}
     for task in dict.fromkeys(t for r in results for t in r['tasks']):
         parts = [(p, r['tasks'][task]) for p, r in zip(paths, results) if task in r['tasks']]
         t = merged['tasks'][task] = {**parts[0][1], **{k: {} for k in PER_SEED + SEED_MEANS + ('accuracy',
                                                                                                  'accuracy_std')}}
-        weights = {}
         for path, part in parts:
             if part['columns'] != t['columns']:
                 raise common.train.UserError(f"--merge: {path} has {task} columns {part['columns']}, "
                                              f"{parts[0][0]} has {t['columns']}")
             for variant, seeds in part['accuracy_seeds'].items():
+                clash = sorted(set(seeds) & set(t['accuracy_seeds'].get(variant, {})))
+                if clash:
+                    raise common.train.UserError(f"--merge: {task} {variant} seed {clash[0]} is in two files")
                 for key in PER_SEED:
-                    for seed, value in part.get(key, {}).get(variant, {}).items():
-                        if key == 'accuracy_seeds' and seed in t[key].get(variant, {}):
-                            raise common.train.UserError(f"--merge: {task} {variant} seed {seed} is in two files")
-                        t[key].setdefault(variant, {})[seed] = value
-                for key in SEED_MEANS:
+                    t[key].setdefault(variant, {}).update(part.get(key, {}).get(variant, {}))
+                for key in SEED_MEANS:                      # summed, weighted by seeds; divided below
+                    sums = t[key].setdefault(variant, {})
                     for c, a in part[key][variant].items():
-                        t[key].setdefault(variant, {})[c] = t[key].get(variant, {}).get(c, 0.0) + a * len(seeds)
-                weights[variant] = weights.get(variant, 0) + len(seeds)
-        for variant, n in weights.items():
-            accs = list(t['accuracy_seeds'][variant].values())
-            t['accuracy'][variant] = {c: float(np.mean([a[c] for a in accs])) for c in accs[0]}
-            t['accuracy_std'][variant] = {c: float(np.std([a[c] for a in accs])) for c in accs[0]}
+                        sums[c] = sums.get(c, 0.0) + a * len(seeds)
+        for variant, seeds in t['accuracy_seeds'].items():
+            t['accuracy'][variant], t['accuracy_std'][variant] = seed_summary(list(seeds.values()))
             for key in SEED_MEANS:
-                t[key][variant] = {c: a / n for c, a in t[key][variant].items()}
+                t[key][variant] = {c: a / len(seeds) for c, a in t[key][variant].items()}
         t['seeds'] = sorted({int(s) for seeds in t['accuracy_seeds'].values() for s in seeds})
     return merged
 
@@ -546,9 +550,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
         if missing:
             raise common.train.UserError(f"--merge: no result file {missing[0]}")
         result = merge_results(paths)
-        common.write_json(cfg.out, {k: v for k, v in result.items() if k not in ('date', 'torch', 'threads',
-                                                                                 'command')},
-                          'bench/recall.py', argv)
+        common.write_json(cfg.out, result, 'bench/recall.py', argv)
         plot_results(cfg, specs, result)
         return result
     device, device_type = common.setup(cfg.device)
