@@ -717,9 +717,8 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU: model_xl.py's count (its docstring) with
-        cmem_len + mem_len memory keys, plus f_c and its loss, which work once per compressed slot, not once per
-        token: compression_flops counts them. W_{k,R} works on R once per batch (not counted, as model_xl.py)."""
+        """Training FLOPs (forward + backward) per token, for MFU: model_xl.py's count (its docstring) over cmem_len +
+        mem_len memory keys, plus f_c and its loss once per compressed slot (compression_flops), not once per token."""
         c = self.config
         matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but f_c's
                        if name.endswith('weight') and p.dim() > 1           # and g's (biases, norms, u and v take
@@ -729,9 +728,8 @@ class Model(nn.Module):
         weights = 6 * (matrices - c.n_layer * C * HD)             # every other weight but W_{k,R}, once a token
         attention = 6 * 3 * c.n_layer * HD * K                    # (a)+(c), (b)+(d) and the values, over K keys
         memory = 4 * c.n_layer * S * C * 2 * HD / T               # [SG(cm) ; SG(m)]'s keys and values
-        if c.cmem_len > 0:
-            memory += c.n_layer * compression_flops(c, self.layers[0].compress) / T
-        return weights + attention + memory
+        compression = c.n_layer * compression_flops(c, self.layers[0].compress) / T if c.cmem_len > 0 else 0
+        return weights + attention + memory + compression
 
     # --- generation ---------------------------------------------------------------------------------------
 
@@ -750,10 +748,9 @@ class Model(nn.Module):
             nonlocal memory, seg
             if seg is None:                                             # a segment opens on the memory
                 seg = open_segment(memory, self.layers, config.seg_len, need_usage)
-            T = tokens.size(1)
             seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(tokens.shape)], dim=1)
             K = seg.key_valid.size(1)
-            attn_mask = self._attn_mask(seg.key_valid, T, S)
+            attn_mask = self._attn_mask(seg.key_valid, tokens.size(1), S)
             r = self._relative_positions(K, tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):

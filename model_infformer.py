@@ -26,6 +26,8 @@ Deliberate deviations (also in the README):
   - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.
   - The μ/σ² maps have a bias (the paper's "affine"; the authors' have none), and the KL pulls σ² alone (the paper's
     μ₀ = μ_h; the authors' LM configs also pull μ toward -1): see LongTermAttention and LongTermMemory.kl.
+  - `mu_readout='pointer'` (off by default) replaces Eq. 9's μ by the basis centres averaged under softmax(scores):
+    an ablation outside the paper, for a read that can point at one token (bench/README.md, recall).
   - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge), with
     a counter-based hash of a per-row state in Memory (seeded from torch.initial_seed(): train.py's --seed and the
     rank), not a torch.Generator: forward() is a pure function of (tokens, memory), so resume is bit-exact,
@@ -84,6 +86,9 @@ class Config:
     sigma_sq_min: float = 1e-4       # floor of σ² (Eq. 10): 1e-4 the authors' LM code, 1e-6 their sorting code
     sigma_sq_init: float = 0.0       # > 0: every density starts this narrow (Eq. 10's bias = softplus⁻¹ of it);
                                      # 0: bias 0, σ² = softplus(0) ≈ 0.69 of the unit interval, as the authors
+    mu_readout: str = 'affine'       # μ of Eq. 9: 'affine' = sigmoid(affine(scores)), the paper's; 'pointer' =
+                                     # Σ_j softmax(scores)_j μ_j, the basis centres weighted by the query's match
+                                     # with their keys (an ablation outside the paper: a μ that can point)
     ltm_reset_len: int = 0           # > 0: an LTM holding this many vectors is emptied before its next write, as
                                      # the authors' LM code (mem_threshold = 2048, long_term_attention.py:81,
                                      # 293-297; the paper's "memory threshold", §4.2); 0: only reset_memory does
@@ -118,6 +123,8 @@ class Config:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.sigma_sq_init >= 0:
             raise ValueError(f"sigma_sq_init must be >= 0, got {self.sigma_sq_init}")
+        if self.mu_readout not in ('affine', 'pointer'):
+            raise ValueError(f"mu_readout must be 'affine' or 'pointer', got {self.mu_readout!r}")
 
 
 @dataclass
@@ -353,7 +360,7 @@ class LongTermAttention(nn.Module):
         self.value_net = nn.Linear(C, H * D, bias=False)   # W^V (Eq. 8)
         # The paper's "affine" maps of Eqs. 9-10, with a bias; the authors' are Linear(N, 1, bias=False)
         # (long_term_attention.py:117-118). Both start as N(0, 0.02) weights (theirs by GPT-2's init), our bias at 0.
-        self.mu_affine = nn.Linear(N, 1)                   # μ = sigmoid(affine(keys q / √d))    (Eq. 9)
+        self.mu_affine = nn.Linear(N, 1) if config.mu_readout == 'affine' else None   # μ = sigmoid(...) (Eq. 9)
         self.sigma_affine = nn.Linear(N, 1)                # σ² = softplus(affine(keys q / √d))  (Eq. 10)
         self.o_net = nn.Linear(H * D, C, bias=False)       # W^O (§3.1, after Eq. 11)
         # the gate (the authors' mask_net) keeps PyTorch's default Conv1d init, as theirs (Model._init_weights skips it)
@@ -379,7 +386,10 @@ class LongTermAttention(nn.Module):
         B, H, T, D = q.shape
         scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
         f32 = torch.promote_types(scores.dtype, torch.float32)                     # the densities: not in bf16
-        mu = torch.sigmoid(self.mu_affine(scores)).squeeze(-1).to(f32)              # (B, H, T)     Eq. 9
+        if self.mu_affine is not None:
+            mu = torch.sigmoid(self.mu_affine(scores)).squeeze(-1).to(f32)          # (B, H, T)     Eq. 9
+        else:                                   # mu_readout='pointer': the centres under softmax(scores), in f32
+            mu = (torch.softmax(scores.to(f32), dim=-1) * read.basis_mu.to(f32)).sum(-1)
         # σ² ≥ sigma_sq_min: 1e-4 in the authors' LM code (long_term_attention.py:332), 1e-6 in their sorting code
         sigma_sq = F.softplus(self.sigma_affine(scores)).squeeze(-1).to(f32).clamp(min=self.sigma_sq_min)  # Eq. 10
         expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
@@ -495,7 +505,8 @@ class LongTermMemory(nn.Module):
         gradient too)."""
         c = self.config
         T, C, HD, N = c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_basis
-        read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * C)      # q·keys, ψ-weighted values, μ and σ² affines, W^O
+        affines = 2 if c.mu_readout == 'affine' else 1            # the pointer's μ is no matrix product
+        read = 6 * (2 * HD * N + affines * c.n_head * N + HD * C)  # q·keys, ψ-weighted values, μ/σ² affines, W^O
         past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14)
         grown = past + T if c.unbounded else 0                    # [X_past ; X̃] (Eq. 15)
         regression = 2 * (T + past + grown) * N * C               # forward

@@ -121,9 +121,9 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
       write      max_t cos(Bᵀψ(t), x̃_j): how well the signal the ASK segment reads (the ridge regression of
                  Eq. 5 after every later write, Eqs. 13-15) gives back the digit's gated state x̃_j anywhere in
                  [0, 1]; t*_j is where, and `basis_in_span` the basis centres in [min_j t*_j, max_j t*_j];
-      read       per head, at the query that predicts digit j: |μ − t*_j| (Eq. 9), σ (Eq. 10), and the cosine of
-                 what the density reads in state space, r = Bᵀ E_p[ψ] (Eq. 11 before W^V), with x̃_j against its
-                 mean cosine with the other 4 digits' states (above it: the read singles out digit j).
+      read       per head, at the query that predicts digit j: μ and |μ − t*_j| (Eq. 9), σ (Eq. 10), and the
+                 cosine of what the density reads in state space, r = Bᵀ E_p[ψ] (Eq. 11 before W^V), with x̃_j
+                 against its mean cosine with the other 4 digits' states (above it: the read singles out digit j).
     The gate is computed over the whole episode (the model gates each write's L vectors: the same but at the
     first and last of them). Episodes whose LTM is still empty at the ASK are left out.
     -> {layer: dict of means} ({} when every episode's LTM was empty: the key is still in the STM)"""
@@ -163,7 +163,8 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
                 in_span = ((model.long_term.basis_mu >= lo) & (model.long_term.basis_mu <= hi)).sum()
                 for name, v in (('gate_digits', g[key + 1:key + 6].mean()), ('gate_filler', g[filler].mean()),
                                 ('write_cos', best.mean()), ('t_star', t_star.mean()), ('basis_in_span', in_span),
-                                ('mu_error', (mu - t_star).abs().mean(-1)), ('sigma', s2.sqrt().mean(-1)),
+                                ('mu', mu.mean(-1)), ('mu_error', (mu - t_star).abs().mean(-1)),
+                                ('sigma', s2.sqrt().mean(-1)),
                                 ('read_cos_own', own.mean(-1)), ('read_cos_other', other.mean(-1))):
                     acc.setdefault(n, {}).setdefault(name, []).append(torch.as_tensor(v, dtype=torch.float32))
     return {n: layer_means(d) for n, d in acc.items()}
@@ -253,8 +254,8 @@ def main(argv=None):
                     heads = lambda v: ' '.join(f'{x:.3f}' for x in v.reshape(-1))
                     print(f"depth {depth} layer {n}: gate digits {d['gate_digits']:.2f} filler "
                           f"{d['gate_filler']:.2f} | write cos {d['write_cos']:.2f} at t* {d['t_star']:.3f} "
-                          f"({d['basis_in_span']:.1f} basis centres in the key's span) | read per head: "
-                          f"|μ − t*| {heads(d['mu_error'])}, σ {heads(d['sigma'])}, cos own digit "
+                          f"({d['basis_in_span']:.1f} basis centres in the key's span) | read per head: μ "
+                          f"{heads(d['mu'])}, |μ − t*| {heads(d['mu_error'])}, σ {heads(d['sigma'])}, cos own digit "
                           f"{heads(d['read_cos_own'])} vs others {heads(d['read_cos_other'])}")
             return
         if type(model).__module__ != 'model_infini' or model.config.memory_update != 'linear':

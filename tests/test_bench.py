@@ -555,7 +555,8 @@ def test_diagnose_ltm_read_is_the_infformers_own():
     stages = diagnose.infformer_stages(model, 100, n_episodes=2)
     assert set(stages) == {0, 1}
     for d in stages.values():
-        assert -1 <= float(d['write_cos']) <= 1 and d['mu_error'].shape == (c.n_head,)
+        assert -1 <= float(d['write_cos']) <= 1 and d['mu_error'].shape == d['mu'].shape == (c.n_head,)
+        assert bool(((d['mu'] >= 0) & (d['mu'] <= 1)).all())
         assert 0 < float(d['gate_digits']) < 1
     assert diagnose.infformer_stages(model, 20, n_episodes=2) == {}           # the key is still in the STM
 

@@ -40,6 +40,8 @@ CASES = {   # name: (model file, Config fields)
                                             cnn_gate=False)),
     'infformer_bounded': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
                                             unbounded=False)),
+    'infformer_pointer': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
+                                            mu_readout='pointer')),
     'infformer_stm_only': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
                                              ltm=False)),
 }

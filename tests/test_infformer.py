@@ -560,3 +560,38 @@ def test_sigma_sq_init_starts_every_density_that_narrow():
             torch.testing.assert_close(sigma_sq, torch.full_like(sigma_sq, expected))
     with pytest.raises(ValueError, match='sigma_sq_init'):
         Config(sigma_sq_init=-1.0)
+
+
+def test_pointer_readout_is_the_centres_under_softmax_and_points_at_the_matching_key():
+    """mu_readout='pointer' (outside the paper): μ = Σ_j softmax(q·k_j/√d)_j μ_j, against a loop over basis
+    functions; a query that matches one basis function's key far better than the rest puts μ on that centre, which
+    the paper's sigmoid(affine(scores)) cannot do for a key anywhere in [0, 1]; σ² stays Eq. 10."""
+    import model_infformer
+    model = make_model(mu_readout='pointer')
+    attn = model.layers[0].attn.ltm
+    assert attn.mu_affine is None
+    B, H, T, N, D = 2, 2, 3, 16, 8
+    basis = gaussian_basis(N, (0.05, 0.1))
+    torch.manual_seed(1)
+    q, keys = torch.randn(B, H, T, D, dtype=F64), torch.randn(B, H, N, D, dtype=F64)
+    read = model_infformer.LTMRead(keys, torch.randn(B, H, N, D, dtype=F64), torch.ones(B, dtype=torch.bool), *basis)
+    with torch.no_grad():
+        _, mu, sigma_sq = attn(q, read)
+    for b, h, i in np.ndindex(B, H, T):
+        s = [float(q[b, h, i] @ keys[b, h, j]) / math.sqrt(D) for j in range(N)]
+        w = np.exp(np.array(s) - max(s))
+        assert abs(float(mu[b, h, i]) - float((w / w.sum()) @ basis[0].numpy())) < 1e-12
+    scores = torch.einsum('bhid,bhnd->bhin', q, keys) * attn.scale
+    torch.testing.assert_close(sigma_sq, F.softplus(attn.sigma_affine(scores)).squeeze(-1).clamp(min=1e-4))
+    target = 11                                                # one key aligned with every query, 40x as long
+    keys = 0.01 * keys
+    keys[:, :, target] = 40 * q[:, :, 0] / q[:, :, 0].norm(dim=-1, keepdim=True)
+    q = q[:, :, :1].expand(B, H, T, D)
+    with torch.no_grad():
+        _, mu, _ = attn(q, read._replace(keys=keys))
+    torch.testing.assert_close(mu, torch.full_like(mu, float(basis[0][target])), atol=1e-6, rtol=0)
+    keys = keys.detach().requires_grad_()                      # the keys (W^K) learn where μ points
+    attn(torch.randn(B, H, T, D, dtype=F64), read._replace(keys=keys))[1].sum().backward()
+    assert keys.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match='mu_readout'):
+        Config(mu_readout='softmax')
