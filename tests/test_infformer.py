@@ -564,8 +564,8 @@ def test_sigma_sq_init_starts_every_density_that_narrow():
 
 def test_pointer_readout_is_the_centres_under_softmax_and_points_at_the_matching_key():
     """mu_readout='pointer' (outside the paper): μ = Σ_j softmax(q·k_j/√d)_j μ_j, against a loop over basis
-    functions; a query that matches one basis function's key far better than the rest puts μ on that centre, which
-    the paper's sigmoid(affine(scores)) cannot do for a key anywhere in [0, 1]; σ² stays Eq. 10."""
+    functions; a query that matches one basis function's key far better than the rest puts μ on that centre,
+    wherever it is; μ has a gradient into the keys; σ² stays Eq. 10."""
     import model_infformer
     model = make_model(mu_readout='pointer')
     attn = model.layers[0].attn.ltm
@@ -583,7 +583,7 @@ def test_pointer_readout_is_the_centres_under_softmax_and_points_at_the_matching
         assert abs(float(mu[b, h, i]) - float((w / w.sum()) @ basis[0].numpy())) < 1e-12
     scores = torch.einsum('bhid,bhnd->bhin', q, keys) * attn.scale
     torch.testing.assert_close(sigma_sq, F.softplus(attn.sigma_affine(scores)).squeeze(-1).clamp(min=1e-4))
-    target = 11                                                # one key aligned with every query, 40x as long
+    target = 11                                                # one key along every query, norm 40; the rest / 100
     keys = 0.01 * keys
     keys[:, :, target] = 40 * q[:, :, 0] / q[:, :, 0].norm(dim=-1, keepdim=True)
     q = q[:, :, :1].expand(B, H, T, D)
