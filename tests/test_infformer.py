@@ -91,6 +91,25 @@ def test_expected_basis_equals_numerical_integration():
         torch.testing.assert_close(closed[i], numeric, atol=1e-7, rtol=1e-6)
 
 
+def test_expected_basis_gradient_equals_autograd_through_the_formula():
+    """ExpectedBasis writes out ∂φ/∂μ and ∂φ/∂σ²; autograd through N(μ; μ_j, σ² + σ_j²) written naively must
+    give the same values and the same gradients, for (B, H, T) densities and a random upstream gradient."""
+    g = torch.Generator().manual_seed(0)
+    basis_mu, basis_sigma = gaussian_basis(12, (0.01, 0.05, 0.2))
+    mu = torch.rand(2, 3, 5, generator=g, dtype=F64).requires_grad_()
+    sigma_sq = (10 ** (-4 * torch.rand(2, 3, 5, generator=g, dtype=F64))).requires_grad_()
+    upstream = torch.randn(2, 3, 5, 12, generator=g, dtype=F64)
+    var = sigma_sq[..., None] + basis_sigma ** 2
+    naive = torch.exp(-(mu[..., None] - basis_mu) ** 2 / (2 * var)) / torch.sqrt(2 * math.pi * var)
+    naive_grads = torch.autograd.grad((naive * upstream).sum(), (mu, sigma_sq))
+    closed = expected_basis(mu, sigma_sq, basis_mu, basis_sigma)
+    torch.testing.assert_close(closed, naive, rtol=1e-12, atol=0)
+    for ours, reference in zip(torch.autograd.grad((closed * upstream).sum(), (mu, sigma_sq)), naive_grads):
+        torch.testing.assert_close(ours, reference, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda m, s: expected_basis(m, s, basis_mu, basis_sigma),
+                                    (mu[0, :2, :3].detach().requires_grad_(), sigma_sq[0, :2, :3].detach().requires_grad_()))
+
+
 def test_attention_histogram_equals_numerical_bin_masses_and_sums_to_one():
     g = torch.Generator().manual_seed(0)
     mu = torch.rand(2, 3, 5, generator=g, dtype=F64)                   # (B, H, T)
