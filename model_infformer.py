@@ -259,9 +259,8 @@ class ExpectedBasis(torch.autograd.Function):
     """φ_j = N(μ; μ_j, v_j) with d_j = μ - μ_j and v_j = σ² + σ_j²:  φ_j = exp(-d_j² / 2v_j) / √(2π v_j),
     ∂φ_j/∂μ = -φ_j d_j / v_j,  ∂φ_j/∂σ² = φ_j (d_j² / v_j - 1) / 2v_j.  The values of autograd through the formula
     (a test checks them) in fewer passes over (B, H, T, N): autograd through the formula saves seven such tensors
-    for backward, this saves three, and runs forward and backward 1.7-1.8x as fast at speed.py's size
-    (bench/README.md, issue 20).
-    The basis (μ_j, σ_j) is fixed: it gets no gradient."""
+    for backward, this saves three, and runs forward and backward about twice as fast at speed.py's size
+    (bench/README.md, issue 20). The basis (μ_j, σ_j) is fixed: it gets no gradient."""
 
     @staticmethod
     def forward(ctx, mu, sigma_sq, basis_mu, basis_sigma):
