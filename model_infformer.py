@@ -28,6 +28,8 @@ Deliberate deviations (also in the README):
     μ₀ = μ_h; the authors' LM configs also pull μ toward -1): see LongTermAttention and LongTermMemory.kl.
   - `mu_readout='pointer'` (off by default) replaces Eq. 9's μ by the basis centres averaged under softmax(scores):
     an ablation outside the paper, for a read that can point at one token (bench/README.md, recall).
+  - `ltm_read='discrete'` (off by default) replaces the Gaussian read (Eqs. 9-11) by softmax attention over the
+    signal at the M points m/M: an ablation outside the paper that tells the read's limits from the write's.
   - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge), with
     a counter-based hash of a per-row state in Memory (seeded from torch.initial_seed(): train.py's --seed and the
     rank), not a torch.Generator: forward() is a pure function of (tokens, memory), so resume is bit-exact,
@@ -89,6 +91,10 @@ class Config:
     mu_readout: str = 'affine'       # μ of Eq. 9: 'affine' = sigmoid(affine(scores)), the paper's; 'pointer' =
                                      # Σ_j softmax(scores)_j μ_j, the basis centres weighted by the query's match
                                      # with their keys (an ablation outside the paper: a μ that can point)
+    ltm_read: str = 'continuous'     # 'continuous': the paper's Gaussian density (Eqs. 9-11); 'discrete': softmax
+                                     # attention over the signal X̄(m/M) at the M = n_samples points, keys and
+                                     # values X̄ W^K, X̄ W^V (an ablation outside the paper: no density, one score per
+                                     # point, so every point gets a gradient)
     ltm_reset_len: int = 0           # > 0: an LTM holding this many vectors is emptied before its next write, as
                                      # the authors' LM code (mem_threshold = 2048, long_term_attention.py:81,
                                      # 293-297; the paper's "memory threshold", §4.2); 0: only reset_memory does
@@ -125,6 +131,11 @@ class Config:
             raise ValueError(f"sigma_sq_init must be >= 0, got {self.sigma_sq_init}")
         if self.mu_readout not in ('affine', 'pointer'):
             raise ValueError(f"mu_readout must be 'affine' or 'pointer', got {self.mu_readout!r}")
+        if self.ltm_read not in ('continuous', 'discrete'):
+            raise ValueError(f"ltm_read must be 'continuous' or 'discrete', got {self.ltm_read!r}")
+        if self.ltm_read == 'discrete' and (self.sticky or self.sigma_sq_init or self.mu_readout != 'affine'):
+            raise ValueError("ltm_read='discrete' has no Gaussian density: it takes no sticky, sigma_sq_init or "
+                             "mu_readout")
 
 
 @dataclass
@@ -370,6 +381,7 @@ class LTMRead(NamedTuple):
     written: torch.Tensor      # (B,) bool, the rows whose LTM holds something (the others' term is masked)
     basis_mu: torch.Tensor     # (N,) the centres μ_j of ψ
     basis_sigma: torch.Tensor  # (N,) the widths σ_j of ψ
+    points: torch.Tensor = None   # ltm_read='discrete': (M,) the points m/M where keys and values read the signal
 
 
 class LongTermAttention(nn.Module):
@@ -383,8 +395,9 @@ class LongTermAttention(nn.Module):
         self.value_net = nn.Linear(C, H * D, bias=False)   # W^V (Eq. 8)
         # The paper's "affine" maps of Eqs. 9-10, with a bias; the authors' are Linear(N, 1, bias=False)
         # (long_term_attention.py:117-118). Both start as N(0, 0.02) weights (theirs by GPT-2's init), our bias at 0.
-        self.mu_affine = nn.Linear(N, 1) if config.mu_readout == 'affine' else None   # μ = sigmoid(...) (Eq. 9)
-        self.sigma_affine = nn.Linear(N, 1)                # σ² = softplus(affine(keys q / √d))  (Eq. 10)
+        gaussian = config.ltm_read == 'continuous'
+        self.mu_affine = nn.Linear(N, 1) if gaussian and config.mu_readout == 'affine' else None   # μ (Eq. 9)
+        self.sigma_affine = nn.Linear(N, 1) if gaussian else None   # σ² = softplus(affine(keys q / √d))  (Eq. 10)
         self.o_net = nn.Linear(H * D, C, bias=False)       # W^O (§3.1, after Eq. 11)
         # the gate (the authors' mask_net) keeps PyTorch's default Conv1d init, as theirs (Model._init_weights skips it)
         self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
@@ -398,7 +411,8 @@ class LongTermAttention(nn.Module):
         return torch.sigmoid(self.gate(x.transpose(1, 2))).transpose(1, 2) * x
 
     def keys_values(self, ltm_B):
-        """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D)."""
+        """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D). (With
+        ltm_read='discrete', of the signal at the M points instead: (B, M, C) -> (B, H, M, D).)"""
         B, N, _ = ltm_B.shape
         k = self.key_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
         v = self.value_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
@@ -409,6 +423,12 @@ class LongTermAttention(nn.Module):
         B, H, T, D = q.shape
         scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
         f32 = torch.promote_types(scores.dtype, torch.float32)                     # the densities: not in bf16
+        if read.points is not None:             # ltm_read='discrete': softmax over the M points, no density
+            p = torch.softmax(scores.to(f32), dim=-1)                              # (B, H, T, M)
+            z = torch.einsum('bhim,bhmd->bhid', p.to(read.values.dtype), read.values)
+            mu = (p * read.points).sum(-1)       # the mean and variance of the points under p stand for (μ, σ²)
+            sigma_sq = (p * (read.points - mu[..., None]) ** 2).sum(-1).clamp(min=self.sigma_sq_min)   # (KL, aux)
+            return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq
         if self.mu_affine is not None:
             mu = torch.sigmoid(self.mu_affine(scores)).squeeze(-1).to(f32)          # (B, H, T)     Eq. 9
         else:                                   # mu_readout='pointer': the centres under softmax(scores), in f32
@@ -436,7 +456,8 @@ class LongTermMemory(nn.Module):
         for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma),
                             ('G_first', ridge_matrix(t_first, basis_mu, basis_sigma, lam)),           # (L, N)
                             ('G_unbounded', ridge_matrix(t_unbounded, basis_mu, basis_sigma, lam)),   # (M+L, N)
-                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):         # ψ(m/M) (M, N)
+                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma)),          # ψ(m/M) (M, N)
+                            ('t_linear', t_linear)):                                                  # m/M (M,)
             self.register_buffer(name, value.float(), persistent=False)
 
     def empty_state(self, batch_size, device, dtype):
@@ -472,8 +493,14 @@ class LongTermMemory(nn.Module):
         if not self.config.ltm:                        # the waiting vectors are dropped, the LTM stays as it was
             return list(memory.ltm_B), [None] * len(attentions), due._replace(written=memory.ltm_written)
         ltm_B = [self.write(n, memory, due, attn.gated) for n, attn in enumerate(attentions)]
-        read = [LTMRead(*attn.keys_values(layer_B.to(attn.key_net.weight.dtype)), due.written > 0, self.basis_mu,
-                        self.basis_sigma) for attn, layer_B in zip(attentions, ltm_B)]
+        discrete = self.config.ltm_read == 'discrete'
+        read = []
+        for attn, layer_B in zip(attentions, ltm_B):
+            x = layer_B.to(attn.key_net.weight.dtype)                                  # (B, N, C)
+            if discrete:
+                x = self.psi_linear.to(x.dtype) @ x                                    # X̄(m/M) = Bᵀψ(m/M) (B, M, C)
+            read.append(LTMRead(*attn.keys_values(x), due.written > 0, self.basis_mu, self.basis_sigma,
+                                self.t_linear if discrete else None))
         return ltm_B, read, due
 
     def due(self, memory):
@@ -530,6 +557,11 @@ class LongTermMemory(nn.Module):
         T, C, HD, N = c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_basis
         affines = 2 if c.mu_readout == 'affine' else 1            # the pointer's μ is no matrix product
         read = 6 * (2 * HD * N + affines * c.n_head * N + HD * C)  # q·keys, ψ-weighted values, μ/σ² affines, W^O
+        read_rows, sampled = N, 0                                 # keys and values of N rows of ltm_B
+        if c.ltm_read == 'discrete':                              # q·keys and p-weighted values over M points, W^O
+            read = 6 * (2 * HD * c.n_samples + HD * C)
+            read_rows = c.n_samples                               # keys and values of the signal at M points,
+            sampled = (4 if c.cnn_gate else 2) * c.n_samples * N * C   # Bᵀψ(m/M) (its backward only with the gate)
         past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14)
         grown = past + T if c.unbounded else 0                    # [X_past ; X̃] (Eq. 15)
         regression = 2 * (T + past + grown) * N * C               # forward
@@ -537,8 +569,8 @@ class LongTermMemory(nn.Module):
         if c.cnn_gate:
             gate = 4 * 3 * C * C * T
             regression += 2 * (T + grown) * N * C                 # backward to X̃
-        keys_values = (6 if c.cnn_gate else 4) * N * C * 2 * HD
-        return read + (gate + regression + keys_values) / T
+        keys_values = (6 if c.cnn_gate else 4) * read_rows * C * 2 * HD
+        return read + (gate + regression + sampled + keys_values) / T
 
     def kl(self, densities, written):
         """Eq. 20: KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1), averaged over heads and queries and

@@ -96,13 +96,13 @@ def key_share(model, depth, n_episodes=32, seed=0):
 def ltm_trace(model, body):
     """Run the episode `body` (tokens, a multiple of seg_len long) segment by segment through an ∞-former from an
     empty memory. -> (per layer its inputs over the whole episode (len(body), C), per layer the (μ, σ²) each
-    (1, H, seg_len) of the last segment's LTM attention, the memory after it: its ltm_B is the LTM that the last
+    (1, H, seg_len) of the last segment's LTM attention with its inputs (queries, LTMRead), the memory after it: its ltm_B is the LTM that the last
     segment read, written at its start)"""
     T, n_layer = model.config.seg_len, model.config.n_layer
     inputs, densities = {n: [] for n in range(n_layer)}, {}
     hooks = [layer.register_forward_pre_hook(lambda m, a, n=n: inputs[n].append(a[0][0]))
              for n, layer in enumerate(model.layers)]
-    hooks += [layer.attn.ltm.register_forward_hook(lambda m, a, o, n=n: densities.__setitem__(n, o[1:]))
+    hooks += [layer.attn.ltm.register_forward_hook(lambda m, a, o, n=n: densities.__setitem__(n, (*o[1:], *a)))
               for n, layer in enumerate(model.layers)]
     try:
         with torch.no_grad():
@@ -112,6 +112,19 @@ def ltm_trace(model, body):
         for hk in hooks:
             hk.remove()
     return {n: torch.cat(v) for n, v in inputs.items()}, densities, memory
+
+
+def ltm_read_states(model, n, densities, memory):
+    """What layer n's LTM attention read in state space, before W^V, from ltm_trace's record: r = Bᵀ E_p[ψ]
+    (Eq. 11), or with ltm_read='discrete' r = Σ_m p_m X̄(m/M) = Bᵀ Σ_m p_m ψ(m/M). -> (1, H, T, C)"""
+    import model_infformer as mf
+    mu, s2, queries, read = densities[n]
+    if read.points is None:
+        weights = mf.expected_basis(mu, s2, model.long_term.basis_mu, model.long_term.basis_sigma)   # (1, H, T, N)
+    else:
+        scores = torch.einsum('bhid,bhmd->bhim', queries, read.keys) * model.layers[n].attn.ltm.scale
+        weights = torch.softmax(scores.float(), -1) @ model.long_term.psi_linear                     # (1, H, T, N)
+    return weights @ memory.ltm_B[n][:, None].float()
 
 
 def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
@@ -124,6 +137,8 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
       read       per head, at the query that predicts digit j: μ and |μ − t*_j| (Eq. 9), σ (Eq. 10), and the
                  cosine of what the density reads in state space, r = Bᵀ E_p[ψ] (Eq. 11 before W^V), with x̃_j
                  against its mean cosine with the other 4 digits' states (above it: the read singles out digit j).
+                 With ltm_read='discrete', μ and σ are the mean and spread of the softmax over the M points, and
+                 r = Σ_m p_m X̄(m/M).
     The gate is computed over the whole episode (the model gates each write's L vectors: the same but at the
     first and last of them). Episodes whose LTM is still empty at the ASK are left out.
     -> {layer: dict of means} ({} when every episode's LTM was empty: the key is still in the STM)"""
@@ -152,10 +167,8 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
                 signal = psi @ memory.ltm_B[n][0].float()                      # (grid, C) Bᵀψ(t)
                 best, where = (F.normalize(signal, dim=-1) @ xt.T).max(0)      # cosines (grid, 5) -> best t
                 t_star = t[where]
-                mu, s2 = densities[n]                                          # (1, H, T) of the ASK segment
-                mu, s2 = mu[0][:, q], s2[0][:, q]                              # (H, 5)
-                e_psi = mf.expected_basis(mu, s2, model.long_term.basis_mu, model.long_term.basis_sigma)  # (H,5,N)
-                r = F.normalize(e_psi @ memory.ltm_B[n][0].float(), dim=-1)   # (H, 5, C)
+                mu, s2 = densities[n][0][0][:, q], densities[n][1][0][:, q]    # (H, 5) of the ASK segment
+                r = F.normalize(ltm_read_states(model, n, densities, memory)[0][:, q], dim=-1)   # (H, 5, C)
                 rc = torch.einsum('hjc,ic->hji', r, xt)                        # (H, 5 queries, 5 digits)
                 own = rc.diagonal(dim1=1, dim2=2)                              # (H, 5)
                 other = (rc.sum(-1) - own) / 4

@@ -529,14 +529,15 @@ def test_diagnose_weights_reproduce_the_infini_memory_read():
     assert all(((c >= 1) & (c <= 32)).all() for c in contrast.values())      # max weight / (1/32) of 32 tokens
 
 
-def test_diagnose_ltm_read_is_the_infformers_own():
-    """The ∞-former's stages: ltm_trace's (μ, σ², ltm_B) of the ASK segment, read as diagnose reads them
-    (r = Bᵀ E_p[ψ], then W^V per head), are the LTM values that segment's attention took (Eq. 11, the o_net
-    input), at every layer; the stage means are in range, one per head, and {} while the key is in the STM."""
-    import model_infformer as mf
+@pytest.mark.parametrize('ltm_read', ['continuous', 'discrete'])
+def test_diagnose_ltm_read_is_the_infformers_own(ltm_read):
+    """The ∞-former's stages: ltm_trace's record of the ASK segment, read as diagnose reads it (ltm_read_states:
+    r = Bᵀ E_p[ψ], or Σ_m p_m X̄(m/M) with the discrete read; then W^V per head), gives the LTM values that
+    segment's attention took (Eq. 11, the o_net input), at every layer; the stage means are in range, one per
+    head, and {} while the key is in the STM."""
     model, c = common.build(dict(model='infformer', vocab_size=64, n_layer=2, n_embd=32, n_head=2, d_head=16,
                                  d_inner=64, seg_len=32, mem_len=32, n_basis=64, n_samples=64, basis_widths='0.01,0.05',
-                                 sigma_sq_min=1e-6))
+                                 sigma_sq_min=1e-6, ltm_read=ltm_read))
     model.eval()
     body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 100, c.seg_len)   # 4 segments: the LTM is written
     inputs, densities, memory = diagnose.ltm_trace(model, body)
@@ -546,9 +547,7 @@ def test_diagnose_ltm_read_is_the_infformers_own():
         hook = layer.attn.ltm.o_net.register_forward_hook(lambda m, a, o: seen.__setitem__('z', a[0]))
         diagnose.ltm_trace(model, body)
         hook.remove()
-        mu, s2 = densities[n]                                                   # (1, H, T)
-        e_psi = mf.expected_basis(mu, s2, model.long_term.basis_mu, model.long_term.basis_sigma)   # (1, H, T, N)
-        r = e_psi @ memory.ltm_B[n][:, None]                                    # (1, H, T, C)
+        r = diagnose.ltm_read_states(model, n, densities, memory)               # (1, H, T, C)
         w_v = layer.attn.ltm.value_net.weight.view(c.n_head, c.d_head, c.n_embd)
         z = torch.einsum('bhtc,hdc->bthd', r, w_v).reshape(1, c.seg_len, -1)
         torch.testing.assert_close(z, seen['z'], atol=1e-5, rtol=1e-4)

@@ -466,8 +466,8 @@ def test_torch_compile_compiles_once():
         torch._dynamo.reset()
 
 
-def generate_setup(with_memory, mem_len, sticky, B=2, seg=4):
-    model = make_model(dtype=torch.float32, mem_len=mem_len, sticky=sticky, init_std=0.5)
+def generate_setup(with_memory, mem_len, sticky, B=2, seg=4, **overrides):
+    model = make_model(dtype=torch.float32, mem_len=mem_len, sticky=sticky, init_std=0.5, **overrides)
     start = model.init_memory(B, 'cpu')
     memory = None
     if with_memory:
@@ -486,6 +486,11 @@ def test_greedy_generate_matches_segmentwise_forward(prompt_len, with_memory, me
                                            rng_seed=3)                 # sticky draws: the same RNG stream
 
 
+def test_greedy_generate_matches_segmentwise_forward_with_the_discrete_read():
+    model, memory, start = generate_setup(True, 4, False, ltm_read='discrete')
+    assert_greedy_generate_matches_forward(model, tokens(2, 9, seed=9), 14, memory, start, 4, rng_seed=3)
+
+
 @pytest.mark.parametrize('prompt_len', [3, 9])
 def test_sampled_generate_matches_segmentwise_forward(prompt_len):
     """Replaying the sampling RNG on forward()'s logits picks the same tokens (sticky=False: generate's RNG is then
@@ -500,8 +505,9 @@ def test_generate_rejects_empty_prompt():
         make_model().generate(torch.zeros(1, 0, dtype=torch.long), 3)
 
 
-def test_bf16_autocast_forward_backward():
-    model = make_model(dtype=torch.float32, sticky=True).train()
+@pytest.mark.parametrize('overrides', [dict(sticky=True), dict(ltm_read='discrete')])
+def test_bf16_autocast_forward_backward(overrides):
+    model = make_model(dtype=torch.float32, **overrides).train()
     assert_bf16_forward_backward(model, ['ltm_B', 'mem'], all_grads=False)
     assert model.layers[0].attn.ltm.key_net.weight.grad is not None
 
@@ -614,3 +620,59 @@ def test_pointer_readout_is_the_centres_under_softmax_and_points_at_the_matching
     assert keys.grad.abs().sum() > 0
     with pytest.raises(ValueError, match='mu_readout'):
         Config(mu_readout='softmax')
+
+
+def test_discrete_read_is_softmax_over_the_signal_at_the_M_points_and_every_point_gets_a_gradient():
+    """ltm_read='discrete' (outside the paper): the keys and values are the signal X̄(m/M) = Bᵀψ(m/M) through W^K and
+    W^V, and the read is Σ_m softmax(q·k_m/√d)_m v_m, against a loop over the points; unlike a Gaussian read,
+    every point's key gets a gradient from one query; the model with it trains (the loss goes down) and refuses
+    the Gaussian-only settings."""
+    model = make_model(ltm_read='discrete')
+    c, attn = model.config, model.layers[0].attn.ltm
+    assert attn.mu_affine is None and attn.sigma_affine is None
+    torch.manual_seed(2)
+    B, H, T, D, M = 2, c.n_head, 3, c.d_head, c.n_samples
+    memory = model.init_memory(B, 'cpu')
+    memory.ltm_B.normal_()
+    memory.ltm_written.fill_(c.seg_len)
+    _, reads, _ = model.long_term.begin_segment(memory, [layer.attn.ltm for layer in model.layers])
+    read = reads[0]
+    ltm_B = memory.ltm_B[0]                                   # no vectors wait, so no write: the LTM as it was
+    q = torch.randn(B, H, T, D, dtype=F64)
+    with torch.no_grad():
+        out, mu, _ = attn(q, read)
+    Wk, Wv = attn.key_net.weight.detach().view(H, D, -1), attn.value_net.weight.detach().view(H, D, -1)
+    expected = torch.zeros(B, T, H, D, dtype=F64)
+    for b, h, i in np.ndindex(B, H, T):
+        points = [(m + 1) / M for m in range(M)]
+        xbar = [sum(float(evaluate_basis(torch.tensor(t, dtype=F64), model.long_term.basis_mu.double(),
+                                         model.long_term.basis_sigma.double())[j]) * ltm_B[b, j]
+                    for j in range(c.n_basis)) for t in points]
+        s = torch.stack([q[b, h, i] @ (Wk[h] @ x) for x in xbar]) / math.sqrt(D)
+        w = torch.softmax(s, 0)
+        expected[b, i, h] = sum(w[m] * (Wv[h] @ xbar[m]) for m in range(M))
+        assert abs(float(mu[b, h, i]) - float(w @ torch.tensor(points, dtype=F64))) < 1e-6
+    with torch.no_grad():                                     # (the model's ψ(m/M) was rounded to float32 once)
+        torch.testing.assert_close(out, attn.o_net(expected.reshape(B, T, H * D)), rtol=1e-5, atol=1e-6)
+    keys = read.keys.detach().requires_grad_()
+    attn(q[:, :, :1], read._replace(keys=keys))[0].square().sum().backward()
+    assert (keys.grad.abs().sum(-1) > 0).all()                # every point of every head
+    torch.manual_seed(0)
+    model = make_model(ltm_read='discrete').train()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    idx = torch.randint(0, V, (2, 4 * c.seg_len + 1))
+    losses = []
+    for _ in range(30):
+        memory, total = model.init_memory(2, 'cpu'), 0.0
+        for s in range(4):
+            x, y = idx[:, s * c.seg_len:(s + 1) * c.seg_len], idx[:, s * c.seg_len + 1:(s + 1) * c.seg_len + 1]
+            _, loss, memory, _ = model(x, memory, targets=y)
+            total = total + loss
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+        losses.append(total.item())
+    assert losses[-1] < 0.7 * losses[0]
+    for bad in (dict(sticky=True), dict(sigma_sq_init=1e-3), dict(mu_readout='pointer'), dict(ltm_read='sparse')):
+        with pytest.raises(ValueError, match='ltm_read'):
+            Config(ltm_read=bad.pop('ltm_read', 'discrete'), **bad)
