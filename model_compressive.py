@@ -529,8 +529,12 @@ class Block(nn.Module):
 def content_attention(q, k, v, key_valid, scale):
     """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions, from
     the queries q = hQ (B, H, T, D) and the keys mK and values mV (B, H, S, D), key_valid (B, S). -> (B, H, T, D)"""
-    score = torch.einsum('bhid,bhjd->bhij', q, k) * scale                              # (B, H, T, S)
     key_valid = key_valid | ~key_valid.any(1, keepdim=True)      # a row with nothing to compress: no NaN (unused)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # the target (all SG): one fused kernel, about 2x the explicit form below on CPU (bench/README.md, issue 20)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None, :], scale=scale)
+    # the prediction: explicit, as the fused kernel's backward would also compute the unused gradient of q (SG)
+    score = torch.einsum('bhid,bhjd->bhij', q, k) * scale                              # (B, H, T, S)
     score = score.masked_fill(~key_valid[:, None, None, :], float('-inf'))
     return torch.einsum('bhij,bhjd->bhid', F.softmax(score.float(), dim=-1).to(v.dtype), v)
 

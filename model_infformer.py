@@ -276,17 +276,19 @@ class ExpectedBasis(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mu, sigma_sq, basis_mu, basis_sigma):
         d = mu[..., None] - basis_mu                                   # (..., N)
-        inv_var = (sigma_sq[..., None] + basis_sigma * basis_sigma).reciprocal()
-        phi = torch.exp(-0.5 * d * d * inv_var) * torch.sqrt(inv_var / (2 * math.pi))
+        inv_var = (sigma_sq[..., None] + basis_sigma * basis_sigma).reciprocal_()
+        exponent = (d * d).mul_(inv_var).mul_(-0.5)                    # in place: fewer (..., N) buffers
+        phi = (inv_var * (1 / (2 * math.pi))).sqrt_().mul_(exponent.exp_())
         ctx.save_for_backward(phi, d, inv_var)
         return phi
 
     @staticmethod
     def backward(ctx, grad_phi):
         phi, d, inv_var = ctx.saved_tensors
-        g = grad_phi * phi * inv_var                                   # g_j φ_j / v_j
-        grad_mu = -(g * d).sum(-1)
-        grad_sigma_sq = (0.5 * g * (d * d * inv_var - 1)).sum(-1)
+        g = (grad_phi * phi).mul_(inv_var)                             # g_j φ_j / v_j
+        g_d = g * d
+        grad_mu = -g_d.sum(-1)
+        grad_sigma_sq = 0.5 * (g_d.mul_(d).mul_(inv_var).sum(-1) - g.sum(-1))   # Σ_j ½ g_j φ_j (d_j²/v_j - 1)/v_j
         return grad_mu, grad_sigma_sq, None, None
 
 
@@ -324,7 +326,8 @@ def attention_histogram(mu, sigma_sq, n_bins):
     """Eqs. 16-17: the Gaussian mass ∫_{d_j} N(t; μ, σ²) dt that the densities (B, H, T) put in each of n_bins
     equal bins d_j of [0, 1] (Normal CDF differences), summed over heads and queries. -> (B, n_bins), unnormalised."""
     edges = torch.linspace(0.0, 1.0, n_bins + 1, device=mu.device, dtype=mu.dtype)
-    cdf = torch.special.ndtr((edges - mu[..., None]) / sigma_sq.sqrt()[..., None])   # (B, H, T, n_bins+1)
+    inv_sigma = sigma_sq.rsqrt()[..., None]
+    cdf = torch.special.ndtr(torch.addcmul(-mu[..., None] * inv_sigma, edges, inv_sigma))   # (B, H, T, n_bins+1)
     return (cdf[..., 1:] - cdf[..., :-1]).sum(dim=(1, 2))                               # (B, n_bins)
 
 
@@ -405,10 +408,16 @@ class LongTermAttention(nn.Module):
         self.sigma_sq_min = config.sigma_sq_min
 
     def gated(self, x):
-        """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1), smoothing X (B, L, C) before the regression."""
+        """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1, zero padding), smoothing X (B, L, C) before the
+        regression. The convolution runs as one matrix product of the windows [x_{l-1}, x_l, x_{l+1}] with the
+        Conv1d's weights read as (C, 3C): the same values, faster than the CPU conv kernel (bench/README.md)."""
         if self.gate is None:
             return x
-        return torch.sigmoid(self.gate(x.transpose(1, 2))).transpose(1, 2) * x
+        B, L, C = x.shape
+        padded = F.pad(x, (0, 0, 1, 1))                                            # (B, L + 2, C), zero ends
+        windows = torch.cat([padded[:, j:j + L] for j in range(3)], dim=-1)        # (B, L, 3C)
+        weight = self.gate.weight.permute(0, 2, 1).reshape(C, 3 * C)               # (C_out, k * C_in)
+        return torch.sigmoid(F.linear(windows, weight, self.gate.bias)) * x
 
     def keys_values(self, ltm_B):
         """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D). (With
@@ -429,12 +438,16 @@ class LongTermAttention(nn.Module):
             mu = (p * read.points).sum(-1)       # the mean and variance of the points under p stand for (μ, σ²)
             sigma_sq = (p * (read.points - mu[..., None]) ** 2).sum(-1).clamp(min=self.sigma_sq_min)   # (KL, aux)
             return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq
-        if self.mu_affine is not None:
-            mu = torch.sigmoid(self.mu_affine(scores)).squeeze(-1).to(f32)          # (B, H, T)     Eq. 9
+        if self.mu_affine is not None:          # both affines in one product: one pass over the scores
+            weight = torch.cat([self.mu_affine.weight, self.sigma_affine.weight])     # (2, N)
+            bias = torch.cat([self.mu_affine.bias, self.sigma_affine.bias])
+            mu_in, sigma_in = F.linear(scores, weight, bias).to(f32).unbind(-1)      # (B, H, T) each
+            mu = torch.sigmoid(mu_in)                                                  # Eq. 9
         else:                                   # mu_readout='pointer': the centres under softmax(scores), in f32
             mu = (torch.softmax(scores.to(f32), dim=-1) * read.basis_mu.to(f32)).sum(-1)
+            sigma_in = self.sigma_affine(scores).squeeze(-1).to(f32)
         # σ² ≥ sigma_sq_min: 1e-4 in the authors' LM code (long_term_attention.py:332), 1e-6 in their sorting code
-        sigma_sq = F.softplus(self.sigma_affine(scores)).squeeze(-1).to(f32).clamp(min=self.sigma_sq_min)  # Eq. 10
+        sigma_sq = F.softplus(sigma_in).clamp(min=self.sigma_sq_min)                  # Eq. 10
         expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
         z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
         return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O
@@ -475,8 +488,9 @@ class LongTermMemory(nn.Module):
         c = self.config
         hist = memory.ltm_hist
         if c.ltm and c.sticky:                   # Eq. 16: p(d_j) ∝ the mass the segment's attention put in bin d_j
-            hist = torch.stack([sum(attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in pieces)
-                                for pieces in densities])                              # (n_layer, B, n_bins)
+            with torch.no_grad():                # (SG: the histogram only picks the next write's points)
+                hist = torch.stack([sum(attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in pieces)
+                                    for pieces in densities])                          # (n_layer, B, n_bins)
             hist = hist / hist.sum(-1, keepdim=True)
         wrote = start.write.rows.long()
         return dict(ltm_pending=memory.ltm_pending - c.seg_len * wrote + left,
@@ -527,9 +541,9 @@ class LongTermMemory(nn.Module):
         with torch.autocast(device_type=ltm_B.device.type, enabled=False):            # the regression in float32
             x_new = gated(new)                                                         # X̃ (Eq. 18)
             new_ltm_B = self.G_first.T @ x_new                                         # B = GᵀX̃  (Eq. 5)
-            if c.unbounded:
-                X = torch.cat([self.past_samples(n, memory, ltm_B), x_new], dim=1)     # (B, M + L, C) Eq. 15
-                grown = self.G_unbounded.T @ X                                         # Eq. 5
+            if c.unbounded:                      # Eq. 5 over X = [X_past ; X̃] (Eq. 15): G_pastᵀ X_past + G_newᵀ X̃
+                G_past, G_new = self.G_unbounded.split([c.n_samples, c.seg_len])       # (M, N), (L, N)
+                grown = G_past.T @ self.past_samples(n, memory, ltm_B) + G_new.T @ x_new
                 new_ltm_B = torch.where(due.grow[:, None, None], grown, new_ltm_B)
         return torch.where(due.rows[:, None, None], new_ltm_B, ltm_B)                  # (B, N, C)
 
@@ -568,7 +582,7 @@ class LongTermMemory(nn.Module):
         gate = 0
         if c.cnn_gate:
             gate = 4 * 3 * C * C * T
-            regression += 2 * (T + grown) * N * C                 # backward to X̃
+            regression += 2 * (T + (T if c.unbounded else 0)) * N * C   # backward to X̃ (of G_firstᵀX̃, G_newᵀX̃)
         keys_values = (6 if c.cnn_gate else 4) * read_rows * C * 2 * HD
         return read + (gate + regression + sampled + keys_values) / T
 
@@ -786,9 +800,10 @@ class Model(nn.Module):
         positions pushed out of it join the vectors waiting for the LTM. hids: n_layer (B, T, C)."""
         S, T = memory.mem.size(2), hids[0].size(1)
         mem_len = S - (2 * self.config.seg_len - 1)
-        cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (n_layer, B, S+T, C)
+        new = torch.stack([h.detach() for h in hids]).to(memory.mem.dtype)             # (n_layer, B, T, C)
+        mem = torch.cat([memory.mem[:, :, T:], new], dim=2)                            # the last S of [old ; new]
         left = (memory.length.clamp(max=mem_len) + T - mem_len).clamp(min=0)           # (B,) valid, left the STM
-        return Memory(mem=cat[:, :, T:].detach().contiguous(), length=(memory.length + T).clamp(max=S),
+        return Memory(mem=mem, length=(memory.length + T).clamp(max=S),
                       **self.long_term.next_state(memory, start, densities, left))
 
     # --- attention geometry, shared by forward and generate (as model_xl.py) --------------------------------

@@ -230,6 +230,22 @@ def future_position_scores(q, r_k, W):
     return s.gather(-1, take).reshape(B, H, nb * W, W)[:, :, :M]  # (B, H, M, W)
 
 
+class SoftmaxLSE(torch.autograd.Function):
+    """softmax(score) and its log-sum-exp log s from one softmax: max p = 1/s, so log s = max(score) - log max(p),
+    and ∂ log s/∂score = p. One exp over (B, H, Q, K) where autograd through logsumexp takes three (bench/README)."""
+
+    @staticmethod
+    def forward(ctx, score):
+        prob = torch.softmax(score, dim=-1)
+        ctx.save_for_backward(prob)
+        return prob, score.amax(-1) - prob.amax(-1).log()
+
+    @staticmethod
+    def backward(ctx, grad_prob, grad_lse):                       # p ⊙ (g - Σ g p) + grad_lse p
+        prob, = ctx.saved_tensors
+        return torch._softmax_backward_data(grad_prob, prob, -1, prob.dtype).addcmul_(prob, grad_lse[..., None])
+
+
 def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
     """Memory interpolation (§3.2): C^↔ = α sg(C^←) + (1 - α) C^→, α = sg(s^←) / (sg(s^←) + s^→ + ε), computed
     stably from the log-sum-exps (subtract the max, as the authors' code); with ε = 0, one softmax over the old and
@@ -281,9 +297,8 @@ class LookAheadAttn(nn.Module):
         """softmax(score) v with the log-sum-exp of every row (log s). score: (B, H, Q, K) already scaled; mask:
         (B, 1, Q, K) True where allowed; v: (B, H, K, D). -> (B, H, Q, D) and (B, H, Q) in float32 or wider."""
         score = score.to(torch.promote_types(score.dtype, torch.float32)).masked_fill(~mask, float('-inf'))
-        lse = torch.logsumexp(score, dim=-1)                      # (B, H, Q)   log s
-        prob = self.dropatt(torch.exp(score - lse[..., None]).to(v.dtype))
-        return torch.einsum('bhij,bhjd->bhid', prob, v), lse
+        prob, lse = SoftmaxLSE.apply(score)                       # (B, H, Q, K), (B, H, Q)   log s
+        return torch.einsum('bhij,bhjd->bhid', self.dropatt(prob.to(v.dtype)), v), lse
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
         """The segment's queries: Transformer-XL's relative attention (terms (a)-(d)), arguments as model_xl.py's.

@@ -16,7 +16,7 @@ Two ideas, both in the attention:
      the "rel-shift" trick (see `rel_shift`).
 
 Reading order: Config → Memory → small blocks (copied between model files on purpose) → relative attention →
-block → model (init, forward, memory update, generate). LaMemo's look-ahead memory is its own model: model_lamemo.py.
+block → model (init, forward, memory update, generate). LaMemo (look-ahead memory) is model_lamemo.py.
 
 Deliberate deviations from the paper's code (also listed in the README):
   - GPT-2 BPE tokens with a full tied softmax instead of word-level adaptive input/softmax; no output bias.
@@ -227,14 +227,9 @@ class RelMultiHeadAttn(nn.Module):
         return k, v
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
-        """
-        h:        (B, T, C)     this segment's layer input
-        mem_kv:   (k, v), each (B, H, S, D): keys and values of the S earlier positions (the memory, §3.2)
-        r:        (K, C)        sinusoid R for distances K-1, ..., 0 (K = S + T)
-        r_w_bias, r_r_bias: (H, D)  u and v
-        attn_mask: (B, 1, T, K) bool, True where query i may attend key j
-        returns the layer's output (B, T, C) and the keys and values of all K positions
-        """
+        """h (B, T, C): this segment's layer input; mem_kv: keys and values (B, H, S, D) of the S earlier positions
+        (the memory, §3.2); r (K, C): R for distances K-1, ..., 0 (K = S + T); r_w_bias, r_r_bias (H, D): u and v;
+        attn_mask (B, 1, T, K): True where query i may attend key j. -> the output (B, T, C), (k, v) of all K keys"""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -388,8 +383,7 @@ class Model(nn.Module):
             hids.append(h)                                        # layer n's input becomes its next memory
             mem_kv = layer.attn.keys_values(memory.mem[n])        # (B, H, M, D) x2
             h, _ = layer(h, mem_kv, r, *self._u_v(n), attn_mask)
-        h = self.drop(self.ln_f(h))
-        logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer
+        logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)   # (B, T, V), tied output layer
 
         new_memory = self._update_memory(memory, hids)
         loss, aux = None, {}
@@ -409,9 +403,8 @@ class Model(nn.Module):
         (bptt_segments=1): 6 per use of a weight (2 forward, 2 for its input's gradient, 2 for its own); the
         attention over K = mem_len + seg_len keys ((a)+(c), (b)+(d) and the weighted sum of values: 3 products of
         H*D*K, 6 FLOPs a multiply-add each); the memory's keys and values, projected again every segment, forward
-        and their weights' gradient (4 a multiply-add: the memory gets no gradient). W_{k,R} projects R once per
-        batch for all its streams (under 1% of a step at batch 8): not counted. tests/test_flops.py checks this
-        against torch's FlopCounterMode."""
+        and their weights' gradient (4 a multiply-add: the memory gets no gradient). W_{k,R} projects R once per batch
+        for all its streams (under 1% of a step at batch 8): not counted. tests/test_flops.py checks all of it."""
         c = self.config
         matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
                        if name.endswith('weight') and p.dim() > 1)        # norms, u and v take none)

@@ -47,6 +47,7 @@ class ResolutionConfig:
     setting: str = 'recall,demo,sharp'   # comma-separated names of SETTINGS
     n_basis: str = '64,150,256,512,1024'  # N values (each a multiple of the number of widths)
     samples_equal_basis: bool = True  # M = N (as the recall benchmark and the authors' code); False: the setting's
+    tau: str = ''                    # comma-separated τ values to sweep in place of the setting's ('' = its own)
     depths: int = 8                  # k = 0 .. depths
     floors: str = '1e-4,1e-6'        # σ² floors of the sharpest read (Config.sigma_sq_min)
     dim: int = 64                    # dimension of the random vectors
@@ -112,9 +113,13 @@ def main(argv=None):
             floors = [float(f) for f in cfg.floors.split(',') if f]
         except ValueError:
             raise train.UserError(f"--floors takes comma-separated numbers, got {cfg.floors!r}") from None
+        try:
+            taus = [float(t) for t in cfg.tau.split(',') if t]
+        except ValueError:
+            raise train.UserError(f"--tau takes comma-separated numbers, got {cfg.tau!r}") from None
         for setting in cfg.setting.split(','):
-            for n in common.int_list(cfg.n_basis, 'n_basis'):
-                fields = dict(SETTINGS[setting], n_basis=n)
+            for n, tau in [(n, t) for n in common.int_list(cfg.n_basis, 'n_basis') for t in taus or [None]]:
+                fields = dict(SETTINGS[setting], n_basis=n, **({} if tau is None else {'tau': tau}))
                 if cfg.samples_equal_basis:
                     fields['n_samples'] = n
                 try:
@@ -122,7 +127,7 @@ def main(argv=None):
                 except ValueError as e:
                     raise train.UserError(str(e)) from None
                 rows = measure(config, cfg.depths, cfg.dim, cfg.trials, floors)
-                results[f'{setting}/N{n}'] = dict(fields=fields, depths=rows)
+                results[f'{setting}/N{n}' + ('' if tau is None else f'/tau{tau:g}')] = dict(fields=fields, depths=rows)
                 print(f"\n{setting}, N = {n}, M = {fields['n_samples']}, τ = {fields['tau']}, "
                       f"widths {fields['basis_widths']}, L = {fields['seg_len']}")
                 cols = [c for c in rows[0] if '@' in c]
