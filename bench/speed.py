@@ -56,6 +56,7 @@ class SpeedConfig:
     gen_tokens: int = 32           # tokens generated per timing, after a prompt of gen_seg_len / 2 tokens
     gen_rounds: int = 3
     profile: str = ''              # variants to profile (torch.profiler, one eager fp32 training step)
+    peak_size: int = 1024          # n of the (n x n) products that measure the matmul peak (the MFU's denominator)
     out: str = str(common.RESULTS / 'speed.json')
     plot: bool = True              # write the plot (needs matplotlib)
     strict: bool = True            # a missing model file or Config field is an error (False: skip it)
@@ -64,7 +65,7 @@ class SpeedConfig:
     def __post_init__(self):
         if self.vocab < 0:
             raise ValueError(f"vocab must be >= 1 (or 0 for the size's vocabulary), got {self.vocab}")
-        for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds'):
+        for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds', 'peak_size'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.gen_tokens < 2:
@@ -328,7 +329,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
             m, _, opt = models[name]
             profile_step(Entry(name, 'eager', m, m, opt, 'float32', device, device_type, cfg.batch_size),
                          Path(cfg.out).with_name(f'profile_{name}.txt'))
-    peak = matmul_peak(device, device_type, sorted({MODES[m][1] for m in modes})) if modes else {}
+    peak = matmul_peak(device, device_type, sorted({MODES[m][1] for m in modes}), cfg.peak_size) if modes else {}
     train_result, eval_result = summarise(train_entries, flops, peak), summarise(eval_entries)
     del models, train_entries, eval_entries                       # free the weights before generation
     generation = bench_generation(specs, size, cfg, device, device_type) if 'generate' in parts else {}

@@ -72,7 +72,8 @@ def test_speed_smoke(variant, tmp_path):
     names = ['baseline'] + ([variant] if variant != 'baseline' else [])
     cfg = speed.SpeedConfig(modes='eager,bf16', eval_modes='eager', batch_size=2, warmup=1, steps=1,
                             gen_seg_len=8, gen_tokens=4, gen_rounds=1, out=str(tmp_path / 'speed.json'), plot=False,
-                            force_bf16=True)      # this CPU may lack native bf16: time it anyway (tiny)
+                            force_bf16=True,      # this CPU may lack native bf16: time it anyway (tiny)
+                            peak_size=256)        # a (1024 x 1024) bf16 product there takes seconds
     speed.run(cfg, {n: TINY_VARIANTS[n] for n in names}, {})
     r = json.loads((tmp_path / 'speed.json').read_text())
     for n in names:
@@ -611,3 +612,40 @@ def test_plot_loss_curves(tmp_path):
         logs.append(tmp_path / name / 'log.jsonl')
     out = plot.plot_loss(logs, tmp_path / 'loss.png')
     assert out.stat().st_size > 1000
+
+
+def test_ab_step_times_a_revision_against_the_working_tree(tmp_path, capsys):
+    """bench/ab_step.py: side A is the model file at a git revision with B's weights (the same logits when the file
+    has not changed since), both timed; a field or parameter the old file lacks, a bad revision or variant: one line."""
+    import subprocess
+    import ab_step
+    out = tmp_path / 'ab.json'
+    ab_step.main(['--variant=xl', '--rev=HEAD', '--size=demo', '--batch_size=1', '--warmup=0', '--rounds=1',
+                  f'--out={out}'])
+    r = json.loads(out.read_text())
+    assert r['seconds']['A'] > 0 and r['seconds']['B'] > 0
+    assert r['speedup'] == pytest.approx(r['seconds']['A'] / r['seconds']['B'])
+    model, _ = common.build(dict(model='xl', mem_len=8), **dict(TINY_MODELS['xl'], mem_len=8))
+    old = ab_step.same_weights(ab_step.module_at('HEAD', 'xl', tmp_path), model)
+    assert type(old).__module__ == 'model_xl_at_rev'
+    unchanged = subprocess.run(['git', 'diff', '--quiet', 'HEAD', '--', 'model_xl.py'], cwd=ROOT).returncode == 0
+    if unchanged:
+        idx = torch.randint(0, model.config.vocab_size, (2, 4))
+        logits = [m.eval()(idx, m.init_memory(2, 'cpu'))[0] for m in (old, model)]
+        assert torch.equal(*logits)
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(model.config) if f.name != 'same_length']
+    older = type('Older', (), {'Config': dataclasses.make_dataclass('Config', fields), 'Model': None})
+    model.config.same_length = True                    # a non-default value of a field the older file lacks
+    with pytest.raises(common.train.UserError, match='no Config field same_length'):
+        ab_step.same_weights(older, model)
+    model.config.same_length = False
+    model.extra = torch.nn.Parameter(torch.zeros(1))   # a parameter the file at HEAD does not have
+    with pytest.raises(common.train.UserError, match='other parameters'):
+        ab_step.same_weights(ab_step.module_at('HEAD', 'xl', tmp_path), model)
+    capsys.readouterr()
+    for bad in (['--variant=nope'], ['--rev=no-such-revision'], ['--rounds=0']):
+        with pytest.raises(SystemExit) as e:
+            ab_step.main(bad + ['--size=demo'])
+        assert e.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith('error:') and '\n' not in err, err

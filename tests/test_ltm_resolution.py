@@ -66,7 +66,22 @@ def test_measures():
 def test_bad_input_is_a_one_line_error(tmp_path):
     from _train_util import assert_one_line_error, run_python
     for args, fragment in ((['--setting=nope'], 'setting'), (['--n_basis=63'], 'n_basis'), (['--floors=a'], 'floors'),
-                           (['--depths=0'], 'depths')):
+                           (['--depths=0'], 'depths'), (['--tau=a'], 'tau'), (['--tau=1.5'], 'tau')):
         r = run_python(['bench/ltm_resolution.py', f'--out={tmp_path}/x.json', *args])
         assert r.returncode == 2
         assert_one_line_error(r.stderr, fragment)
+
+
+def test_tau_sweep_trades_near_depths_for_far_ones(tmp_path):
+    """--tau replaces the setting's τ, one result per (N, τ): a segment k writes back spans (1 - τ) τ^k of [0, 1], so
+    a larger τ reconstructs the newest segment worse and one many writes back better."""
+    import json
+    out = tmp_path / 'tau.json'
+    ltm_resolution.main(['--setting=sharp', '--n_basis=256', '--tau=0.6,0.9', '--depths=8', '--trials=1',
+                         '--floors=1e-6', '--dim=32', f'--out={out}'])
+    results = json.loads(out.read_text())['results']
+    assert set(results) == {'sharp/N256/tau0.6', 'sharp/N256/tau0.9'}
+    low, high = (results[f'sharp/N256/tau{t}'] for t in ('0.6', '0.9'))
+    assert low['fields']['tau'] == 0.6 and high['fields']['tau'] == 0.9
+    assert low['depths']['0']['recon_cos'] > high['depths']['0']['recon_cos']
+    assert low['depths']['8']['recon_cos'] < high['depths']['8']['recon_cos']
