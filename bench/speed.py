@@ -24,6 +24,11 @@ Compiled modes compile every variant with dynamic=False (common.compile_model sa
 import dataclasses
 import sys
 import time
+
+try:
+    import resource                     # minor page faults per step (Unix); elsewhere they are not counted
+except ImportError:
+    resource = None
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +103,7 @@ class Entry:
                      for i in range(4)]
         self.n = 0
         self.times = []
+        self.faults = []                # minor page faults of each training step: fresh memory from the OS
         self.tokens = batch_size * c.seg_len
 
     def batch(self):
@@ -106,6 +112,7 @@ class Entry:
         return chunk[:, :-1], chunk[:, 1:]
 
     def train_step(self):
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
         x, y = self.batch()
         with self.ctx:
             _, loss, memory, _ = self.compiled(x, self.memory, y)
@@ -113,6 +120,8 @@ class Entry:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.memory = common.train.detach_memory(memory)
+        if resource:
+            self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
 
     @torch.no_grad()
     def eval_step(self):
@@ -131,6 +140,8 @@ def summarise(entries, flops=None, peak=None):
         r = out.setdefault(e.variant, {})[e.mode] = {
             'tokens_per_s': e.tokens / t, 'step_s_median': t, 'step_s': e.times,
             'first_step_s': getattr(e, 'first_step_s', None)}
+        if e.faults:                    # over the timed steps (e.faults also holds the warm-up's)
+            r['minor_faults_per_step'] = common.median(e.faults[-len(e.times):])
         if flops and peak:
             r['mfu'] = flops[e.variant] * r['tokens_per_s'] / peak[MODES[e.mode][1]]
     base = out.get('baseline', {})
