@@ -51,7 +51,8 @@ def module_at(rev, name, directory):
     path = f'model_{name}.py'
     shown = subprocess.run(['git', 'show', f'{rev}:{path}'], cwd=common.REPO, capture_output=True, text=True)
     if shown.returncode != 0:
-        raise train.UserError(f"git show {rev}:{path} failed: {shown.stderr.strip().splitlines()[-1]}")
+        why = (shown.stderr.strip() or f"exit status {shown.returncode}").splitlines()[-1]
+        raise train.UserError(f"git show {rev}:{path} failed: {why}")
     file = Path(directory) / f'model_{name}_at_rev.py'
     file.write_text(shown.stdout)
     spec = importlib.util.spec_from_file_location(file.stem, file)
