@@ -5,6 +5,7 @@ without the between-run noise of two speed.py runs (issue 20).
 
     python bench/ab_step.py --variant=lamemo --rev=cd04404                   # byte level, the matched size
     python bench/ab_step.py --variant=infformer_sticky --rev=cd04404 --vocab=0 --rounds=6   # GPT-2 vocabulary
+    python bench/ab_step.py --variant=infformer --overrides=sigma_sq_init=1e-4           # + Config fields
 
 Prints and writes the median step time of each side and B's speedup (A's time / B's). The A file must accept the
 variant's Config fields and load B's weights (strict): a change of parameters is not an A/B of speed.
@@ -34,6 +35,7 @@ class ABConfig:
     batch_size: int = 8
     warmup: int = 2                # untimed rounds
     rounds: int = 12               # timed rounds: medians over these
+    overrides: str = ''            # the variant's Config fields, name=value,... (numbers, True/False, words)
     out: str = ''                  # a JSON path ('' = print only)
 
     def __post_init__(self):
@@ -76,13 +78,29 @@ def same_weights(module, model):
     return other
 
 
+def parse_overrides(overrides, config_cls):
+    """'a=1,b=x' -> {'a': 1, 'b': 'x'}, each value converted to the type of the field's default."""
+    fields, defaults = {}, config_cls()
+    for item in [i for i in overrides.split(',') if i]:
+        name, _, value = item.partition('=')
+        if not hasattr(defaults, name):
+            raise train.UserError(f"--overrides: {config_cls.__module__}.Config has no field {name!r}")
+        kind = type(getattr(defaults, name))
+        try:
+            fields[name] = value == 'True' if kind is bool else kind(value)
+        except ValueError:
+            raise train.UserError(f"--overrides: {name}={value!r} is not a {kind.__name__}") from None
+    return fields
+
+
 def run(cfg, argv):
     table = common.variant_table(**common.SIZES[cfg.size][1])
     if cfg.variant not in table:
         raise train.UserError(f"unknown variant {cfg.variant!r}; known: {', '.join(table)}")
     size = dict(common.SIZES[cfg.size][0], **({'vocab_size': cfg.vocab} if cfg.vocab else {}))
     device, device_type = common.setup('cpu')
-    model, _ = common.build(table[cfg.variant], **size)
+    overrides = parse_overrides(cfg.overrides, train.import_model(table[cfg.variant]['model']).Config)
+    model, _ = common.build(table[cfg.variant], **size, **overrides)
     with tempfile.TemporaryDirectory() as directory:
         old = same_weights(module_at(cfg.rev, table[cfg.variant]['model'], directory), model)
     entries = [speed.Entry(side, 'eager', m.train(), m, speed.make_optimizer(m, device_type), 'float32', device,

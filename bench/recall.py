@@ -25,6 +25,9 @@ in decreasing order of frequency in the whole sequence (ties: smaller symbol fir
 Associative recall (assoc_episode). Every segment writes `assoc_pairs` pairs (one token each) and asks questions "k? v"
 (27 at T = 64) about pairs of this or any earlier segment of the episode; the scored questions (evaluation) ask
 pairs written exactly d segments back and asked nowhere since. Depth is counted in segments (`--assoc_depths`).
+`--assoc_past_share=p` makes a training question ask an earlier segment with probability p (its own otherwise).
+How often training needs the memory is recorded per task: `memory_answers_per_token` in the JSON (answers whose
+evidence is only in an earlier segment, per training token; passkey 0.005 by default, assoc 0.16).
 
 The trap, and how the tasks are made learnable. Only the answer depends on the evidence, and with the evidence
 segments back a model whose memory is detached gets no gradient saying what to store. So most training episodes
@@ -98,6 +101,8 @@ class RecallConfig:
     assoc_depths: str = '0,1,2,4,8'          # assoc: segments from the pairs' segment to the scored questions
                                              # (0: the same segment). Training streams hold 1 ... max + 1 segments
     assoc_pairs: int = 8                     # assoc: pairs written per segment (half of them scored)
+    assoc_past_share: float = -1.0           # assoc training: a question asks an earlier segment with this
+                                             # probability, else its own; -1 = any segment 0 ... s uniformly
     eval_episodes: int = 64        # per depth / length
     out_dir: str = 'out-recall'    # data, checkpoints and logs
     out: str = str(common.RESULTS / 'recall.json')
@@ -136,6 +141,8 @@ class RecallConfig:
                                  f"than the {N_KEYS} keys; at most {N_KEYS // n_pairs - 1} at seg_len={self.seg_len}")
         if self.overrides and '=' not in self.overrides.split(',')[0]:
             raise ValueError(f"overrides must be field=value,..., got {self.overrides!r}")
+        if not (self.assoc_past_share == -1 or 0 <= self.assoc_past_share <= 1):
+            raise ValueError(f"assoc_past_share must be in [0, 1] or -1 (uniform), got {self.assoc_past_share}")
         if not 0 <= self.inside_fraction <= 1:
             raise ValueError(f"inside_fraction must be in [0, 1], got {self.inside_fraction}")
         if not 0 <= self.curriculum <= 1:
@@ -213,7 +220,7 @@ def sorting_train_episode(rng, T, max_length, inside_fraction=0.5):
     return sorting_episode(rng, length)
 
 
-def assoc_episode(rng, n_segments, T, n_pairs, depth=None):
+def assoc_episode(rng, n_segments, T, n_pairs, depth=None, past_share=-1.0):
     """Associative recall over n_segments segments. Segment s: n_pairs pair tokens (key, value), keys new to the
     episode, SEP, then questions "k? v" about keys written in segments 0 ... s (a segment uniformly, then a key of
     it), padding to T. The target at "k?" is v (1 of N_VALUES). A pair is one token, as the passkey's place-tagged
@@ -224,7 +231,9 @@ def assoc_episode(rng, n_segments, T, n_pairs, depth=None):
     episode).
     depth=d (evaluation; n_segments = d + 1): only the last segment's first n_pairs/2 questions are scored, asking
     the keys of segment 0 that no earlier question asked (earlier ones draw on the other half of each segment's
-    keys), so a scored value is nowhere in the episode but in its pair, d segments back."""
+    keys), so a scored value is nowhere in the episode but in its pair, d segments back.
+    past_share (training): a question of segment s > 0 asks an earlier segment (uniformly) with this probability and
+    its own otherwise, which sets how many answers need the memory; -1: any of 0 ... s uniformly."""
     n_questions = (T - n_pairs - 1) // 2
     keys = rng.choice(N_KEYS, (n_segments, n_pairs), replace=False)
     values = rng.integers(0, N_VALUES, (n_segments, n_pairs))
@@ -232,6 +241,8 @@ def assoc_episode(rng, n_segments, T, n_pairs, depth=None):
     body, targets = [], []
     for s in range(n_segments):
         src = rng.integers(0, s + 1, n_questions)        # the segment each question asks about
+        if past_share >= 0 and s > 0:
+            src = np.where(rng.random(n_questions) < past_share, rng.integers(0, s, n_questions), s)
         slot = rng.integers(0, free, n_questions)
         scored = np.full(n_questions, depth is None)
         if depth is not None and s == n_segments - 1:
@@ -248,11 +259,11 @@ def assoc_episode(rng, n_segments, T, n_pairs, depth=None):
     return np.concatenate(body), np.concatenate(targets)
 
 
-def assoc_train_episode(rng, T, n_pairs, max_segments, inside_fraction):
+def assoc_train_episode(rng, T, n_pairs, max_segments, inside_fraction, past_share=-1.0):
     """inside_fraction = 1 (the curriculum): one segment. Otherwise 1 ... max_segments segments, uniformly (every
     multi-segment episode already asks about its own segment in 1/(s + 1) of segment s's questions)."""
     n = 1 if inside_fraction >= 1 else int(rng.integers(1, max_segments + 1))
-    return assoc_episode(rng, n, T, n_pairs)
+    return assoc_episode(rng, n, T, n_pairs, past_share=past_share)
 
 
 def window_reference(rng, length, window, n=2000):
@@ -319,7 +330,8 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
             elif task == 'sorting':
                 body, targets = sorting_train_episode(rng, T, max_length, inside)
             else:
-                body, targets = assoc_train_episode(rng, T, cfg.assoc_pairs, max_segments, inside)
+                body, targets = assoc_train_episode(rng, T, cfg.assoc_pairs, max_segments, inside,
+                                                    cfg.assoc_past_share)
             body, _ = pad_to(body, targets, T, pad_token)
             used, need = (n // T) % k, len(body) // T
             if k > 1 and used + need > k >= need:             # would cross a graph boundary: start at the next
@@ -348,6 +360,35 @@ def write_task_data(task, data_dir, cfg, n_streams, n_segments, seed):
 
 # -----------------------------------------------------------------------------------------------------------
 # Training (train.py) and scoring
+
+
+def memory_answers_per_token(task, cfg, n_episodes=2000, seed=0):
+    """How often training asks for the memory: answers whose evidence lies only in an earlier segment (the last
+    earlier position that shows the answer: a passkey digit's key digit; an assoc value's pair token, or an
+    earlier "k? v" of the same key), per training token, over n_episodes episodes of the mix after the curriculum
+    (segments padded as in training). For a memory that reaches one segment back (Infini-attention) these are the
+    answers that train what it writes. None for sorting (its evidence is counts over the whole sequence)."""
+    if task == 'sorting':
+        return None
+    T, W = cfg.seg_len, cfg.seg_len + cfg.mem_len
+    rng = np.random.default_rng(seed)
+    n_answers = n_tokens = 0
+    for _ in range(n_episodes):
+        if task == 'passkey':
+            body, targets = passkey_train_episode(rng, T, W, cfg.max_depth_factor, cfg.inside_fraction)
+        else:
+            body, targets = assoc_train_episode(rng, T, cfg.assoc_pairs, max(eval_columns('assoc', cfg)) + 1,
+                                                cfg.inside_fraction, cfg.assoc_past_share)
+        n_tokens += -(-len(body) // T) * T
+        for i in np.flatnonzero(targets >= 0):
+            y = targets[i]
+            if task == 'passkey':
+                shows = body[:i] == y
+            else:
+                pair = N_VALUES * (body[i] - QUESTION0) + (y - VALUE0)
+                shows = (body[:i] == pair) | np.append(body[:i - 1] == body[i], False) & (body[1:i + 1] == y)
+            n_answers += int(np.flatnonzero(shows)[-1] // T < i // T)
+    return n_answers / n_tokens
 
 
 def override_items(overrides):
@@ -570,6 +611,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
                               'assoc': 'segments from the pairs to the questions'}[task],
              'metric': {'passkey': 'digit accuracy', 'sorting': 'position accuracy', 'assoc': 'value accuracy'}[task],
              'chance': {'passkey': 0.1, 'sorting': 1 / N_SYMBOLS, 'assoc': 1 / N_VALUES}[task]}
+        t['memory_answers_per_token'] = memory_answers_per_token(task, cfg)
         if task == 'sorting':
             rng = np.random.default_rng(cfg.seed)
             t['window_reference'] = {f'{w} tokens': {str(L): window_reference(rng, L, w, n=300) for L in cols}

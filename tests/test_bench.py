@@ -363,6 +363,46 @@ def test_assoc_training_questions_ask_keys_already_written_with_their_values():
         recall.eval_columns('assoc', recall.RecallConfig(assoc_depths='1,x'))
 
 
+def test_assoc_past_share_sets_how_many_questions_ask_an_earlier_segment():
+    """past_share 0: every question asks its own segment; 1: every question after the first segment asks an earlier
+    one; 0.25: about a quarter of them do. Every answer is still a value written in the episode."""
+    T, n_pairs = 64, 8
+    for share, lo, hi in ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), (0.25, 0.18, 0.32)):
+        rng, past, total = np.random.default_rng(2), 0, 0
+        for _ in range(20):
+            body, targets = recall.assoc_episode(rng, 4, T, n_pairs, past_share=share)
+            written = {}
+            for s in range(4):
+                seg, tgt = body[s * T:(s + 1) * T], targets[s * T:(s + 1) * T]
+                own = assoc_pairs_of(seg, n_pairs)
+                written.update(own)
+                for i in np.flatnonzero(tgt >= 0):
+                    key = int(seg[i]) - recall.QUESTION0
+                    assert tgt[i] == recall.VALUE0 + written[key]
+                    if s > 0:
+                        past, total = past + (key not in own), total + 1
+        assert lo <= past / total <= hi, (share, past / total)
+    with pytest.raises(ValueError, match='assoc_past_share'):
+        recall.RecallConfig(tasks='assoc', assoc_past_share=1.5)
+
+
+def test_memory_answers_per_token_counts_answers_whose_evidence_is_segments_back():
+    """In-window passkeys and assoc questions about their own segment need no memory (0); a passkey whose key is
+    always in an earlier segment has 5 such answers per episode; assoc asks far more often than the passkey."""
+    count = recall.memory_answers_per_token
+    assert count('passkey', recall.RecallConfig(inside_fraction=1.0), n_episodes=200) == 0
+    assert count('assoc', recall.RecallConfig(tasks='assoc', assoc_past_share=0.0), n_episodes=100) == 0
+    assert count('sorting', recall.RecallConfig()) is None
+    cfg = recall.RecallConfig(inside_fraction=0.0)
+    rng, tokens = np.random.default_rng(0), 0                  # the same episodes the count draws
+    for _ in range(200):
+        body, _ = recall.passkey_train_episode(rng, cfg.seg_len, cfg.seg_len + cfg.mem_len, cfg.max_depth_factor, 0.0)
+        tokens += -(-len(body) // cfg.seg_len) * cfg.seg_len
+    assert count('passkey', cfg, n_episodes=200) == pytest.approx(5 * 200 / tokens, rel=0.02)   # depth 64: rarely 4
+    assoc = count('assoc', recall.RecallConfig(tasks='assoc'), n_episodes=100)
+    assert assoc > 10 * count('passkey', recall.RecallConfig(), n_episodes=200)
+
+
 def test_task_data_streams_start_episodes_at_segment_boundaries(tmp_path):
     cfg = recall.RecallConfig(seg_len=32, mem_len=16)
     for task in recall.TASKS:
@@ -381,6 +421,8 @@ def test_recall_smoke(variant, tmp_path):
                               out_dir=str(tmp_path / 'runs'), out=str(tmp_path / 'recall.json'), plot=False)
     recall.run(cfg, {variant: TINY_VARIANTS[variant]}, {'seg_len': 32})
     r = json.loads((tmp_path / 'recall.json').read_text())
+    assert r['tasks']['passkey']['memory_answers_per_token'] > 0
+    assert r['tasks']['sorting']['memory_answers_per_token'] is None
     for task in ('passkey', 'sorting'):
         t = r['tasks'][task]
         acc = t['accuracy'][variant]
@@ -644,7 +686,10 @@ def test_ab_step_times_a_revision_against_the_working_tree(tmp_path, capsys):
     with pytest.raises(common.train.UserError, match='other parameters'):
         ab_step.same_weights(ab_step.module_at('HEAD', 'xl', tmp_path), model)
     capsys.readouterr()
-    for bad in (['--variant=nope'], ['--rev=no-such-revision'], ['--rounds=0']):
+    fields = ab_step.parse_overrides('mem_len=8,same_length=True,clamp_len=0', type(model.config))
+    assert fields == {'mem_len': 8, 'same_length': True, 'clamp_len': 0}
+    for bad in (['--variant=nope'], ['--rev=no-such-revision'], ['--rounds=0'], ['--overrides=nope=1'],
+                ['--overrides=mem_len=x']):
         with pytest.raises(SystemExit) as e:
             ab_step.main(bad + ['--size=demo'])
         assert e.value.code == 2

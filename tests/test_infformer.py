@@ -110,6 +110,20 @@ def test_expected_basis_gradient_equals_autograd_through_the_formula():
                                     (mu[0, :2, :3].detach().requires_grad_(), sigma_sq[0, :2, :3].detach().requires_grad_()))
 
 
+def test_basis_in_float32_equals_float64_where_exp_underflows():
+    """ψ(t) and E_p[ψ] far from every centre (exponents down to about -1e6, where float32's exp underflows and is
+    clamped, see exp_floored_) equal float64 on the same inputs to float32 precision; where float32 underflows, off
+    by at most float32's smallest normal number times the normaliser 1/√(2π v) (≤ 200 here): below 1e-35."""
+    basis_mu, basis_sigma = (b.float() for b in gaussian_basis(64, (0.002, 0.01)))
+    t = torch.rand(1000)
+    sigma_sq = 10 ** (-6 * torch.rand(1000))
+    for f, args in ((evaluate_basis, (t,)), (expected_basis, (t, sigma_sq))):
+        single = f(*args, basis_mu, basis_sigma)
+        exact = f(*(a.double() for a in args), basis_mu.double(), basis_sigma.double())
+        assert (exact < 1e-38).float().mean() > 0.3                     # many entries are in the clamped range
+        torch.testing.assert_close(single.double(), exact, rtol=1e-4, atol=1e-35)
+
+
 def test_attention_histogram_equals_numerical_bin_masses_and_sums_to_one():
     g = torch.Generator().manual_seed(0)
     mu = torch.rand(2, 3, 5, generator=g, dtype=F64)                   # (B, H, T)
