@@ -533,10 +533,15 @@ def content_attention(q, k, v, key_valid, scale):
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # the target (all SG): one fused kernel, about 2x the explicit form below on CPU (bench/README.md, issue 20)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None, :], scale=scale)
-    # the prediction: explicit, as the fused kernel's backward would also compute the unused gradient of q (SG)
-    score = torch.einsum('bhid,bhjd->bhij', q, k) * scale                              # (B, H, T, S)
-    score = score.masked_fill(~key_valid[:, None, None, :], float('-inf'))
-    return torch.einsum('bhij,bhjd->bhid', F.softmax(score.float(), dim=-1).to(v.dtype), v)
+    # the prediction: explicit, as the fused kernel's backward would also compute the unused gradient of q (SG).
+    # The scale and the mask go into the product (its bias): one pass over the scores instead of three.
+    B, H, T, D = q.shape
+    S = k.size(2)
+    bias = q.new_zeros(B, 1, 1, S).masked_fill_(~key_valid[:, None, None, :], float('-inf'))
+    score = torch.baddbmm(bias.expand(B, H, 1, S).reshape(B * H, 1, S), q.reshape(B * H, T, D),
+                          k.reshape(B * H, S, D).transpose(1, 2), alpha=scale)                 # (B*H, T, S)
+    p = F.softmax(score.float(), dim=-1).to(v.dtype)
+    return torch.bmm(p, v.reshape(B * H, S, D)).view(B, H, T, D)
 
 
 def reconstruction_loss(kind, layers, compressed, qkv, n_cm):

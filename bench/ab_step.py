@@ -86,6 +86,8 @@ def parse_overrides(overrides, config_cls):
         if not hasattr(defaults, name):
             raise train.UserError(f"--overrides: {config_cls.__module__}.Config has no field {name!r}")
         kind = type(getattr(defaults, name))
+        if kind not in (bool, int, float, str):
+            raise train.UserError(f"--overrides: {name} is a {kind.__name__}; only numbers, True/False and words")
         try:
             fields[name] = value == 'True' if kind is bool else kind(value)
         except ValueError:

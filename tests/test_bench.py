@@ -688,6 +688,8 @@ def test_ab_step_times_a_revision_against_the_working_tree(tmp_path, capsys):
     capsys.readouterr()
     fields = ab_step.parse_overrides('mem_len=8,same_length=True,clamp_len=0', type(model.config))
     assert fields == {'mem_len': 8, 'same_length': True, 'clamp_len': 0}
+    with pytest.raises(common.train.UserError, match='only numbers'):
+        ab_step.parse_overrides('widths=0.1', dataclasses.make_dataclass('Config', [('widths', tuple, (0.1,))]))
     for bad in (['--variant=nope'], ['--rev=no-such-revision'], ['--rounds=0'], ['--overrides=nope=1'],
                 ['--overrides=mem_len=x']):
         with pytest.raises(SystemExit) as e:
