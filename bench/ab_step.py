@@ -35,7 +35,7 @@ class ABConfig:
     batch_size: int = 8
     warmup: int = 2                # untimed rounds
     rounds: int = 12               # timed rounds: medians over these
-    overrides: str = ''            # the variant's Config fields, name=value,... (numbers, True/False, words)
+    overrides: str = ''            # the variant's Config fields, name=value,... (as train.py's flags)
     out: str = ''                  # a JSON path ('' = print only)
 
     def __post_init__(self):
@@ -78,21 +78,18 @@ def same_weights(module, model):
     return other
 
 
-def parse_overrides(overrides, config_cls):
-    """'a=1,b=x' -> {'a': 1, 'b': 'x'}, each value converted to the type of the field's default."""
-    fields, defaults = {}, config_cls()
-    for item in [i for i in overrides.split(',') if i]:
-        name, _, value = item.partition('=')
-        if not hasattr(defaults, name):
-            raise train.UserError(f"--overrides: {config_cls.__module__}.Config has no field {name!r}")
-        kind = type(getattr(defaults, name))
-        if kind not in (bool, int, float, str):
-            raise train.UserError(f"--overrides: {name} is a {kind.__name__}; only numbers, True/False and words")
-        try:
-            fields[name] = value == 'True' if kind is bool else kind(value)
-        except ValueError:
-            raise train.UserError(f"--overrides: {name}={value!r} is not a {kind.__name__}") from None
-    return fields
+def parse_overrides(overrides, fields):
+    """--overrides 'a=1,b=x' -> {'a': 1, 'b': 'x'}: Config fields of the variant's model file, parsed as train.py
+    parses its flags, and checked together with the variant's own fields (fields: {'model': name, field: value})."""
+    items = common.override_items(overrides)
+    model = fields['model']
+    flags = [f'--{k}={v}' for k, v in fields.items()] + [f'--{k}={v}' for k, v in items]
+    _, module, config, _ = train.parse_args(flags)
+    known = {f.name for f in dataclasses.fields(module.Config)}
+    for name, _ in items:
+        if name not in known:
+            raise train.UserError(f"--overrides: model_{model}.py's Config has no field {name!r}")
+    return {name: getattr(config, name) for name, _ in items}
 
 
 def run(cfg, argv):
@@ -101,7 +98,7 @@ def run(cfg, argv):
         raise train.UserError(f"unknown variant {cfg.variant!r}; known: {', '.join(table)}")
     size = dict(common.SIZES[cfg.size][0], **({'vocab_size': cfg.vocab} if cfg.vocab else {}))
     device, device_type = common.setup('cpu')
-    overrides = parse_overrides(cfg.overrides, train.import_model(table[cfg.variant]['model']).Config)
+    overrides = parse_overrides(cfg.overrides, {**table[cfg.variant], **size})
     model, _ = common.build(table[cfg.variant], **size, **overrides)
     with tempfile.TemporaryDirectory() as directory:
         old = same_weights(module_at(cfg.rev, table[cfg.variant]['model'], directory), model)

@@ -204,6 +204,20 @@ def cli(argv, config_cls, run, table, size):
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 
+def override_items(overrides):
+    """'a=1,b=0.002,0.004,c=x' -> [('a', '1'), ('b', '0.002,0.004'), ('c', 'x')]: an item without '=' continues
+    the previous value (basis_widths is itself a comma-separated list)."""
+    items = []
+    for part in [p for p in overrides.split(',') if p]:
+        if '=' in part:
+            items.append(list(part.split('=', 1)))
+        elif items:
+            items[-1][1] += ',' + part
+        else:
+            raise train.UserError(f"overrides are field=value,..., got {overrides!r}")
+    return [tuple(i) for i in items]
+
+
 def int_list(value, name='value'):
     """'1,2,3' -> [1, 2, 3] (empty items skipped); anything else is a one-line error naming --name."""
     try:

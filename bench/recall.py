@@ -147,7 +147,7 @@ class RecallConfig:
             raise ValueError(f"inside_fraction must be in [0, 1], got {self.inside_fraction}")
         if not 0 <= self.curriculum <= 1:
             raise ValueError(f"curriculum must be in [0, 1], got {self.curriculum}")
-        if 'bptt_segments' in dict(override_items(self.overrides)):
+        if 'bptt_segments' in dict(common.override_items(self.overrides)):
             raise ValueError("set bptt_segments with --bptt_segments (it also packs the episodes), not --overrides")
         if self.seg_len < 32:
             raise ValueError("seg_len must be >= 32 (a sorting answer of 21 tokens must fit in a segment)")
@@ -391,18 +391,6 @@ def memory_answers_per_token(task, cfg, n_episodes=2000, seed=0):
     return n_answers / n_tokens
 
 
-def override_items(overrides):
-    """'a=1,b=0.002,0.004,c=x' -> [('a', '1'), ('b', '0.002,0.004'), ('c', 'x')]: an item without '=' continues
-    the previous value (basis_widths is itself a comma-separated list)."""
-    items = []
-    for part in [p for p in overrides.split(',') if p]:
-        if '=' in part:
-            items.append(list(part.split('=', 1)))
-        else:
-            items[-1][1] += ',' + part
-    return [tuple(i) for i in items]
-
-
 def model_fields(spec, size, cfg):
     """The variant's Config fields at the recall size (memory lengths from cfg), and --overrides' model fields.
     Overrides that are train.py fields are left to train_overrides."""
@@ -414,7 +402,7 @@ def model_fields(spec, size, cfg):
     for f in common.ZERO_FIELDS:
         if f in known:
             fields.setdefault(f, 0.0)
-    for key, value in override_items(cfg.overrides):
+    for key, value in common.override_items(cfg.overrides):
         if key in known:
             fields[key] = value                               # a string, parsed by train.py as its flags are
         elif key not in TRAIN_FIELDS:
@@ -428,7 +416,7 @@ TRAIN_FIELDS = {f.name for f in dataclasses.fields(common.train.TrainConfig)}
 
 def train_overrides(cfg):
     """--overrides' train.py fields (reset_every=16, ...) as train.py flags."""
-    return [f'--{k}={v}' for k, v in override_items(cfg.overrides) if k in TRAIN_FIELDS]
+    return [f'--{k}={v}' for k, v in common.override_items(cfg.overrides) if k in TRAIN_FIELDS]
 
 
 def train_steps(cfg):
