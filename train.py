@@ -380,12 +380,13 @@ def setup_run(cfg):
     device, device_type = resolve_device(cfg.device)
     rank, world_size = 0, 1
     if ddp:
-        backend = 'nccl' if device.startswith('cuda') else 'gloo'
-        torch.distributed.init_process_group(backend=backend)
-        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        if device.startswith('cuda'):
+        if device.startswith('cuda'):   # bind the process group to this rank's GPU (else NCCL's barrier guesses it)
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
+            torch.distributed.init_process_group(backend='nccl', device_id=torch.device(device))
+        else:
+            torch.distributed.init_process_group(backend='gloo')
+        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     return Run(cfg, device, device_type, resolve_dtype(cfg.dtype, device_type), ddp, rank, world_size)

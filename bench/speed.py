@@ -61,7 +61,8 @@ class SpeedConfig:
     gen_tokens: int = 32           # tokens generated per timing, after a prompt of gen_seg_len / 2 tokens
     gen_rounds: int = 3
     profile: str = ''              # variants to profile (torch.profiler, one eager fp32 training step)
-    peak_size: int = 1024          # n of the (n x n) products that measure the matmul peak (the MFU's denominator)
+    peak_size: int = 0             # n of the (n x n) products that measure the matmul peak (the MFU's denominator);
+                                   # 0 = 1024 on a CPU, 8192 on a GPU (n = 1024 reached 50-70 TFLOP/s of an H200's ~790)
     out: str = str(common.RESULTS / 'speed.json')
     plot: bool = True              # write the plot (needs matplotlib)
     strict: bool = True            # a missing model file or Config field is an error (False: skip it)
@@ -70,9 +71,11 @@ class SpeedConfig:
     def __post_init__(self):
         if self.vocab < 0:
             raise ValueError(f"vocab must be >= 1 (or 0 for the size's vocabulary), got {self.vocab}")
-        for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds', 'peak_size'):
+        for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.peak_size < 0:
+            raise ValueError(f"peak_size must be >= 1 (or 0 for the device's default), got {self.peak_size}")
         if self.gen_tokens < 2:
             raise ValueError("gen_tokens must be >= 2 (the time per token is measured between tokens)")
         if self.size not in common.SIZES:
@@ -255,6 +258,12 @@ def profile_step(entry, path):
     print(f"wrote {path}")
 
 
+def peak_matrix_size(cfg, device_type):
+    """n of the (n x n) products that measure the peak: --peak_size, else 1024 on a CPU and 8192 on a GPU (on an
+    H200, 1024 x 1024 products reached 48-73 TFLOP/s of its ~790 bf16, which made every MFU look 10x too high)."""
+    return cfg.peak_size or (8192 if device_type == 'cuda' else 1024)
+
+
 def matmul_peak(device, device_type, dtypes, n=1024, reps=10):
     """This machine's matmul FLOP/s per dtype: the median of reps (n, n) @ (n, n) products (2 n^3 FLOPs each),
     the denominator of the CPU MFU. {dtype name: FLOP/s}"""
@@ -340,7 +349,8 @@ def run(cfg, specs, size, argv=(), skipped=None):
             m, _, opt = models[name]
             profile_step(Entry(name, 'eager', m, m, opt, 'float32', device, device_type, cfg.batch_size),
                          Path(cfg.out).with_name(f'profile_{name}.txt'))
-    peak = matmul_peak(device, device_type, sorted({MODES[m][1] for m in modes}), cfg.peak_size) if modes else {}
+    peak = matmul_peak(device, device_type, sorted({MODES[m][1] for m in modes}),
+                       peak_matrix_size(cfg, device_type)) if modes else {}
     train_result, eval_result = summarise(train_entries, flops, peak), summarise(eval_entries)
     del models, train_entries, eval_entries                       # free the weights before generation
     generation = bench_generation(specs, size, cfg, device, device_type) if 'generate' in parts else {}

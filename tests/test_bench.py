@@ -140,6 +140,16 @@ def test_inductor_bool_store_times_every_case_three_ways(monkeypatch, tmp_path, 
     assert 'must be >= 1' in capsys.readouterr().err
 
 
+def test_speed_peak_matrix_size_by_device():
+    """The MFU's denominator: 1024 x 1024 products on a CPU, 8192 x 8192 on a GPU (1024 is far from a GPU's peak),
+    --peak_size wins; a negative size is an error."""
+    assert speed.peak_matrix_size(speed.SpeedConfig(), 'cpu') == 1024
+    assert speed.peak_matrix_size(speed.SpeedConfig(), 'cuda') == 8192
+    assert speed.peak_matrix_size(speed.SpeedConfig(peak_size=256), 'cuda') == 256
+    with pytest.raises(ValueError, match='peak_size'):
+        speed.SpeedConfig(peak_size=-1)
+
+
 def test_slow_bf16_modes_are_dropped_with_a_reason():
     cfg = speed.SpeedConfig()
     slow, fast = {'bf16_slowdown': 50.0}, {'bf16_slowdown': 0.5}
