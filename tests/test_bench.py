@@ -705,3 +705,30 @@ def test_ab_step_times_a_revision_against_the_working_tree(tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith('error:') and '\n' not in err, err
+
+
+def test_gpu_check_script_uses_flags_that_exist():
+    """bench/gpu_check.sh is run once per GPU lease, with no second try: every --flag it gives train.py, sample.py
+    and bench/speed.py must be a field of that script's config (train.py: TrainConfig or the model's Config), every
+    config file it names must exist, and every model it trains must have a demo config."""
+    import re
+    import sample
+    text = (common.REPO / 'bench' / 'gpu_check.sh').read_text()
+    text = re.sub(r'\\\n', ' ', text)                                  # join continued lines
+    model_fields = set()
+    for name in common.train.available_models():
+        model_fields |= {f.name for f in dataclasses.fields(common.train.import_model(name).Config)}
+    fields = {'train.py': {f.name for f in dataclasses.fields(common.train.TrainConfig)} | model_fields,
+              'sample.py': {f.name for f in dataclasses.fields(sample.SampleConfig)},
+              'bench/speed.py': {f.name for f in dataclasses.fields(speed.SpeedConfig)}}
+    seen = {k: 0 for k in fields}
+    for script, args in re.findall(r'(train\.py|sample\.py|bench/speed\.py)((?:\s+(?:--|config/)\S+)+)', text):
+        seen[script] += 1
+        for flag in re.findall(r'--(\w+)=', args):
+            assert flag in fields[script], f"gpu_check.sh: {script} has no --{flag}"
+        for cfg in re.findall(r'config/\S+\.py', args):
+            models = re.search(r'for m in ([\w ]+); do', text).group(1).split() if '${m}' in cfg else [None]
+            for m in models:
+                path = common.REPO / (cfg.replace('${m}', m) if m else cfg)
+                assert path.exists(), f"gpu_check.sh names {path.name}, which does not exist"
+    assert seen['train.py'] >= 4 and seen['sample.py'] >= 1 and seen['bench/speed.py'] >= 3, seen
