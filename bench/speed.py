@@ -62,7 +62,7 @@ class SpeedConfig:
     gen_rounds: int = 3
     profile: str = ''              # variants to profile (torch.profiler, one eager fp32 training step)
     peak_size: int = 0             # n of the (n x n) products that measure the matmul peak (the MFU's denominator);
-                                   # 0 = 1024 on a CPU, 8192 on a GPU (n = 1024 reached 50-70 TFLOP/s of an H200's ~790)
+                                   # 0 = 1024 on a CPU, 8192 on a GPU (n = 1024 reached 48-73 TFLOP/s of an H200's ~790)
     out: str = str(common.RESULTS / 'speed.json')
     plot: bool = True              # write the plot (needs matplotlib)
     strict: bool = True            # a missing model file or Config field is an error (False: skip it)
@@ -260,7 +260,7 @@ def profile_step(entry, path):
 
 def peak_matrix_size(cfg, device_type):
     """n of the (n x n) products that measure the peak: --peak_size, else 1024 on a CPU and 8192 on a GPU (on an
-    H200, 1024 x 1024 products reached 48-73 TFLOP/s of its ~790 bf16, which made every MFU look 10x too high)."""
+    H200, 1024 x 1024 products reached 48-73 TFLOP/s of its ~790 bf16, which made every MFU look over 10x too high)."""
     return cfg.peak_size or (8192 if device_type == 'cuda' else 1024)
 
 
