@@ -129,6 +129,7 @@ class OpenSegment:
     kv: list                 # (k, v) each (B, H, S + t, D): the cached keys and values of [concat(cm, m) ; tokens]
     hids: list               # pieces (B, t_i, C) of the layer's inputs h: its memory to be
     usage: Usage             # the attention the keys received so far, over S + seg_len keys (most_used, else None)
+    r_k: list                # W_{k,R} R (H, S + seg_len, D) for distances S + seg_len - 1, ..., 0; a step slices it
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -388,15 +389,15 @@ def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
             Compressed(groups, n_new, new_cm))
 
 
-def open_segment(memory, layers, seg_len, need_usage):
+def open_segment(memory, layers, r, need_usage):
     """generate()'s segment, opening on memory: the keys and values of concat(cm, m) per layer (line 5), no token
-    yet, and, for most_used, zero usage of the S + seg_len keys it will have."""
+    yet, W_{k,R} R per layer of r, R (K, C) for the K = S + seg_len keys it will have, and, for most_used, their
+    zero usage."""
     mem = torch.cat([memory.cmem, memory.mem], dim=2)             # (L, B, S, C) concat(cm, m)
-    L, B, S, _ = mem.shape
-    K = S + seg_len
+    L, B, K = mem.size(0), mem.size(1), r.size(0)
     usage = Usage(memory.attn_mass.new_zeros(L, B, K), memory.attn_queries.new_zeros(B, K)) if need_usage else None
     return OpenSegment(key_valid=memory_valid(memory), kv=[layer.attn.keys_values(m) for layer, m in zip(layers, mem)],
-                       hids=[[] for _ in layers], usage=usage)
+                       hids=[[] for _ in layers], usage=usage, r_k=[layer.attn.project_positions(r) for layer in layers])
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -453,6 +454,11 @@ class RelMultiHeadAttn(nn.Module):
         k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
         return k, v
 
+    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
+    def project_positions(self, r):
+        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
+        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
+
     def keys_values_sg(self, m):
         """keys_values(m) with every weight under stop-gradient (Algorithm 2, line 5): only m's maker learns."""
         B, S, C = m.shape
@@ -465,7 +471,8 @@ class RelMultiHeadAttn(nn.Module):
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
         """h (B, T, C): this segment's layer input; mem_kv: keys and values (B, H, S, D) of the S earlier positions
-        ([cm ; m], line 5); r (K, C): R for distances K-1, ..., 0 (K = S + T); r_w_bias, r_r_bias (H, D): u and v;
+        ([cm ; m], line 5); r (K, C): R for distances K-1, ..., 0 (K = S + T), or W_{k,R} R (H, K, D) already
+        projected (generate() projects once a segment, not once a token); r_w_bias, r_r_bias (H, D): u and v;
         attn_mask (B, 1, T, K): True where query i may attend key j; need_usage: also the attention mass each key
         received (manual path, for most_used). Returns the layer's output (B, T, C), the keys and values (B, H, K, D)
         of all K positions, the queries (B, H, T, D) and the usage (B, K) or None."""
@@ -476,8 +483,7 @@ class RelMultiHeadAttn(nn.Module):
         k_new, v_new = self.keys_values(h)
         k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)   [SG(cm ; m) ∘ h] W_{k,E}
         v = torch.cat([mem_kv[1], v_new], dim=2)                  # (B, H, K, D)
-        K = k.size(2)
-        r_k = self.r_net(r).view(K, H, D).transpose(0, 1)        # (H, K, D)      W_{k,R} R
+        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)      W_{k,R} R
 
         # terms (b) + (d): (q_i + v) · W_{k,R} R_{i-j}, computed for every distance then rel-shifted into place
         BD = torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k)   # (B, H, T, K), column c = distance K-1-c
@@ -756,15 +762,16 @@ class Model(nn.Module):
         def step(tokens, closes_segment):
             nonlocal memory, seg
             if seg is None:                                             # a segment opens on the memory
-                seg = open_segment(memory, self.layers, config.seg_len, need_usage)
+                seg = open_segment(memory, self.layers, self._relative_positions(S + config.seg_len, idx.device),
+                                   need_usage)
             seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(tokens.shape)], dim=1)
             K = seg.key_valid.size(1)
             attn_mask = self._attn_mask(seg.key_valid, tokens.size(1), S)
-            r = self._relative_positions(K, tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
                 seg.hids[n].append(h)
-                h, seg.kv[n], _, layer_usage = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, need_usage)
+                h, seg.kv[n], _, layer_usage = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._u_v(n), attn_mask,
+                                                     need_usage)
                 if need_usage:
                     seg.usage.mass[n, :, :K] += layer_usage
             if need_usage:

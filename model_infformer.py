@@ -670,8 +670,13 @@ class RelMultiHeadAttnLTM(nn.Module):
         k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
         return k, v
 
+    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
+    def project_positions(self, r):
+        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
+        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
+
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
-        """As model_xl.py's RelMultiHeadAttn; ltm: LTMRead, or None without an LTM. Returns the output, the
+        """As model_xl.py's RelMultiHeadAttn (r: R (K, C) or W_{k,R} R (H, K, D)); ltm: LTMRead, or None without an LTM. Returns the output, the
         keys/values of all K positions, and the LTM densities (μ, σ²) each (B, H, T) (None without an LTM)."""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
@@ -680,8 +685,7 @@ class RelMultiHeadAttnLTM(nn.Module):
         k_new, v_new = self.keys_values(h)
         k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)
         v = torch.cat([mem_kv[1], v_new], dim=2)
-        K = k.size(2)
-        r_k = self.r_net(r).view(K, H, D).transpose(0, 1)        # (H, K, D)
+        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)
         BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))   # (B, H, T, K)
         q_u = q + r_w_bias[:, None]
         if self.use_sdpa:
@@ -739,6 +743,7 @@ class OpenSegment:
     kv: list                 # (k, v) each (B, H, mem_len + t, D): the cached keys and values of [STM ; tokens]
     hids: list               # pieces (B, t_i, C) of the layer's inputs: its STM to be
     densities: list          # pieces (μ, σ²) each (B, H, t_i) of the layer's LTM attention (for sticky memories)
+    r_k: list                # W_{k,R} R (H, mem_len + seg_len, D) for distances mem_len + seg_len - 1, ..., 0
 
 
 class Model(nn.Module):
@@ -899,16 +904,19 @@ class Model(nn.Module):
             nonlocal memory, seg
             if seg is None:                                             # a segment opens on the memory
                 start = self._begin_segment(memory)
+                r = self._relative_positions(start.stm_valid.size(1) + self.config.seg_len, idx.device)
                 seg = OpenSegment(start=start, key_valid=start.stm_valid, kv=list(start.stm_kv),
-                                  hids=[[] for _ in self.layers], densities=[[] for _ in self.layers])
+                                  hids=[[] for _ in self.layers], densities=[[] for _ in self.layers],
+                                  r_k=[layer.attn.project_positions(r) for layer in self.layers])
             T = tokens.size(1)
             seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+            K = seg.key_valid.size(1)
             attn_mask = causal_mask(seg.key_valid, T)
-            r = self._relative_positions(seg.key_valid.size(1), tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
                 seg.hids[n].append(h)
-                h, seg.kv[n], density = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask, seg.start.ltm_read[n])
+                h, seg.kv[n], density = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._u_v(n), attn_mask,
+                                              seg.start.ltm_read[n])
                 seg.densities[n].append(density)
             if closes_segment:                                          # it becomes the memory, as in forward()
                 memory = self._update_memory(memory, seg.start, [torch.cat(p, 1) for p in seg.hids], seg.densities)

@@ -96,6 +96,7 @@ class OpenSegment:
     kv: list = field(default_factory=list)           # (k, v) each (B, H, M + t, D) of [m^l ; tokens]
     mem_states: list = field(default_factory=list)   # (C^↔, log s) (B, H, M, D), (B, H, M); not the last layer
     seg_states: list = field(default_factory=list)   # pieces (C, log s) (B, H, t_i, D), (B, H, t_i) of the tokens
+    r_k: list = field(default_factory=list)          # W_{k,R} R (H, M + seg_len, D), distances M + seg_len - 1..0
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -288,6 +289,11 @@ class LookAheadAttn(nn.Module):
         k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
         return k, v
 
+    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
+    def project_positions(self, r):
+        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
+        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
+
     def queries(self, h):                                         # (B, S, C) -> (B, H, S, D)
         B, S, _ = h.shape
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -301,11 +307,12 @@ class LookAheadAttn(nn.Module):
         return torch.einsum('bhij,bhjd->bhid', self.dropatt(prob.to(v.dtype)), v), lse
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
-        """The segment's queries: Transformer-XL's relative attention (terms (a)-(d)), arguments as model_xl.py's.
+        """The segment's queries: Transformer-XL's relative attention (terms (a)-(d)), arguments as model_xl.py's
+        (r: R (K, C) or W_{k,R} R (H, K, D)).
         -> C (B, H, T, D), log s (B, H, T) and (k, v) (B, H, S+T, D) of [m^l ; h^l]."""
         q = self.queries(h)                                       # (B, H, T, D)
         k, v = (torch.cat([mem, new], dim=2) for mem, new in zip(mem_kv, self.keys_values(h)))   # (B, H, K, D) each
-        r_k = self.r_net(r).view(k.size(2), self.n_head, self.d_head).transpose(0, 1)   # (H, K, D)  W_{k,R} R
+        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)  W_{k,R} R
         AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, T, K)
         BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))     # (B, H, T, K)
         vec, lse = self.softmax_with_lse((AC + BD) * self.scale, attn_mask, v)
@@ -318,7 +325,7 @@ class LookAheadAttn(nn.Module):
         M, W = m.size(1), mask.size(-1)
         q = self.queries(m)                                       # (B, H, M, D)
         k, v = (t[:, :, M - W + 1:M + 1] for t in kv)             # (B, H, W, D) the window K~, V~
-        r_k = self.r_net(r_future).view(M, self.n_head, self.d_head).transpose(0, 1)   # (H, M, D)  W_{k,R} R_{1..M}
+        r_k = self.project_positions(r_future)                    # (H, M, D)  W_{k,R} R_{1..M}
         AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, M, W)
         BD = future_position_scores(q + r_r_bias_future[:, None], r_k, W)             # (B, H, M, W)
         return self.softmax_with_lse((AC + BD) * self.scale, mask, v)
@@ -475,14 +482,16 @@ class Model(nn.Module):
         mem_valid = torch.arange(M, device=device)[None, :] >= (M - memory.length)[:, None]   # (B, M)
         seg = OpenSegment(key_valid=torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1), emb=[h])
         attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, M+T)
-        r = self._positions(torch.arange(M + T - 1, -1, -1.0, device=device))         # (M+T, C) distances M+T-1..0
+        K_max = M + self.config.seg_len                           # generate() slices the longest segment's W_{k,R} R
+        r = self._positions(torch.arange(K_max - 1, -1, -1.0, device=device))         # (K_max, C) distances K_max-1..0
         if M > 0:
             la_mask = look_ahead_mask(memory, min(self.config.seg_len, M))           # (B, 1, M, W)
             r_future = self._positions(torch.arange(1.0, M + 1, device=device))        # (M, C) distances 1..M
         m = memory.mem[0]                                         # (B, M, C) m^0, stored
         for n, layer in enumerate(self.layers):
             u, v, v_future = self._biases(n)
-            h, state, kv = layer(h, layer.attn.keys_values(m), r, u, v, attn_mask)
+            seg.r_k.append(layer.attn.project_positions(r))
+            h, state, kv = layer(h, layer.attn.keys_values(m), seg.r_k[n][:, -(M + T):], u, v, attn_mask)
             if v_future is not None:                              # the last layer has no next layer to refresh
                 old = (memory.attn_vec[n], memory.attn_lse[n])    # (B, H, M, D), (B, H, M)
                 if M > 0:
@@ -498,11 +507,11 @@ class Model(nn.Module):
         B, T, _ = h.shape
         seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
         attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, K)
-        r = self._positions(torch.arange(seg.key_valid.size(1) - 1, -1, -1.0, device=h.device))   # (K, C) K-1..0
+        K = seg.key_valid.size(1)
         seg.emb.append(h)
         for n, layer in enumerate(self.layers):
             u, v, _ = self._biases(n)
-            h, state, seg.kv[n] = layer(h, seg.kv[n], r, u, v, attn_mask)
+            h, state, seg.kv[n] = layer(h, seg.kv[n], seg.r_k[n][:, -K:], u, v, attn_mask)
             seg.seg_states[n].append(state)
         return h
 

@@ -81,6 +81,7 @@ class OpenSegment:
     key_valid: torch.Tensor  # (B, M + t) bool over [memory ; tokens]
     kv: list                 # (k, v) each (B, H, M + t, D): the cached keys and values of [memory ; tokens]
     hids: list               # pieces (B, t_i, C) of the layer's inputs: its memory to be
+    r_k: list                # W_{k,R} R (H, M + seg_len, D) for distances M + seg_len - 1, ..., 0; a step slices it
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -226,9 +227,15 @@ class RelMultiHeadAttn(nn.Module):
         k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
         return k, v
 
+    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
+    def project_positions(self, r):
+        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
+        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
+
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
         """h (B, T, C): this segment's layer input; mem_kv: keys and values (B, H, S, D) of the S earlier positions
-        (the memory, §3.2); r (K, C): R for distances K-1, ..., 0 (K = S + T); r_w_bias, r_r_bias (H, D): u and v;
+        (the memory, §3.2); r (K, C): R for distances K-1, ..., 0 (K = S + T), or W_{k,R} R (H, K, D) already
+        projected (generate() projects once a segment, not once a token); r_w_bias, r_r_bias (H, D): u and v;
         attn_mask (B, 1, T, K): True where query i may attend key j. -> the output (B, T, C), (k, v) of all K keys"""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
@@ -237,8 +244,7 @@ class RelMultiHeadAttn(nn.Module):
         k_new, v_new = self.keys_values(h)
         k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)   [SG(m) ∘ h] W_{k,E}
         v = torch.cat([mem_kv[1], v_new], dim=2)                  # (B, H, K, D)
-        K = k.size(2)
-        r_k = self.r_net(r).view(K, H, D).transpose(0, 1)        # (H, K, D)      W_{k,R} R
+        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)      W_{k,R} R
 
         # terms (b) + (d): (q_i + v) · W_{k,R} R_{i-j}, computed for every distance then rel-shifted into place
         BD = torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k)   # (B, H, T, K), column c = distance K-1-c
@@ -431,17 +437,19 @@ class Model(nn.Module):
             nonlocal memory, seg
             if seg is None:                                             # a segment opens on the memory
                 M = memory.mem.size(2)
+                r = self._relative_positions(M + self.config.seg_len, idx.device)
                 seg = OpenSegment(key_valid=torch.arange(M, device=idx.device)[None, :] >= (M - memory.length)[:, None],
                                   kv=[layer.attn.keys_values(memory.mem[n]) for n, layer in enumerate(self.layers)],
-                                  hids=[[] for _ in self.layers])
+                                  hids=[[] for _ in self.layers],
+                                  r_k=[layer.attn.project_positions(r) for layer in self.layers])
             T = tokens.size(1)
             seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+            K = seg.key_valid.size(1)
             attn_mask = self._attn_mask(seg.key_valid, T, memory.mem.size(2))
-            r = self._relative_positions(seg.key_valid.size(1), tokens.device)
             h = self.drop(self.word_emb(tokens))
             for n, layer in enumerate(self.layers):
                 seg.hids[n].append(h)
-                h, seg.kv[n] = layer(h, seg.kv[n], r, *self._u_v(n), attn_mask)
+                h, seg.kv[n] = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._u_v(n), attn_mask)
             if closes_segment:                                          # it becomes the memory, as in forward()
                 memory = self._update_memory(memory, [torch.cat(pieces, dim=1) for pieces in seg.hids])
                 seg = None
