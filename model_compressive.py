@@ -397,7 +397,8 @@ def open_segment(memory, layers, r, need_usage):
     L, B, K = mem.size(0), mem.size(1), r.size(0)
     usage = Usage(memory.attn_mass.new_zeros(L, B, K), memory.attn_queries.new_zeros(B, K)) if need_usage else None
     return OpenSegment(key_valid=memory_valid(memory), kv=[layer.attn.keys_values(m) for layer, m in zip(layers, mem)],
-                       hids=[[] for _ in layers], usage=usage, r_k=[layer.attn.project_positions(r) for layer in layers])
+                       hids=[[] for _ in layers], usage=usage,
+                       r_k=[layer.attn.project_positions(r) for layer in layers])
 
 
 # -----------------------------------------------------------------------------------------------------------

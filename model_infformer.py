@@ -676,8 +676,9 @@ class RelMultiHeadAttnLTM(nn.Module):
         return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
-        """As model_xl.py's RelMultiHeadAttn (r: R (K, C) or W_{k,R} R (H, K, D)); ltm: LTMRead, or None without an LTM. Returns the output, the
-        keys/values of all K positions, and the LTM densities (μ, σ²) each (B, H, T) (None without an LTM)."""
+        """As model_xl.py's RelMultiHeadAttn (r: R (K, C) or W_{k,R} R (H, K, D)); ltm: LTMRead, or None without an
+        LTM. Returns the output, the keys/values of all K positions, and the LTM densities (μ, σ²) each (B, H, T)
+        (None without an LTM)."""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
