@@ -617,7 +617,6 @@ class Model(nn.Module):
         self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
         self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
         self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
-        # the output layer is the embedding matrix (tied), see forward
         self.apply(self._init_weights)
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
@@ -669,10 +668,9 @@ class Model(nn.Module):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
         Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
         same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
-        K = key_valid.size(1)
-        S = K - T
+        S = key_valid.size(1) - T
         i = torch.arange(T, device=key_valid.device)[:, None]
-        j = torch.arange(K, device=key_valid.device)[None, :]
+        j = torch.arange(S + T, device=key_valid.device)[None, :]
         distance = S + i - j                                      # (T, K)
         allowed = distance >= 0                                   # causal
         if self.config.same_length:

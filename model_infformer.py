@@ -28,6 +28,8 @@ Deliberate deviations (also in the README):
     μ₀ = μ_h; the authors' LM configs also pull μ toward -1): see LongTermAttention and LongTermMemory.kl.
   - `mu_readout='pointer'` (off by default) replaces Eq. 9's μ by the basis centres averaged under softmax(scores):
     an ablation outside the paper, for a read that can point at one token (bench/README.md, recall).
+  - `sigma_sq_anneal` (off by default) caps σ² on a schedule that narrows from wide to sharp over training: an
+    ablation outside the paper, to learn whether a read that starts wide finds a token once it narrows.
   - `ltm_read='discrete'` (off by default) replaces the Gaussian read (Eqs. 9-11) by softmax attention over the
     signal at the M points m/M: an ablation outside the paper that tells the read's limits from the write's.
   - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge), with
@@ -91,6 +93,9 @@ class Config:
     mu_readout: str = 'affine'       # μ of Eq. 9: 'affine' = sigmoid(affine(scores)), the paper's; 'pointer' =
                                      # Σ_j softmax(scores)_j μ_j, the basis centres weighted by the query's match
                                      # with their keys (an ablation outside the paper: a μ that can point)
+    sigma_sq_anneal: str = ''        # 'CAP0,CAP1,S0,S1': σ² ≤ a cap that is CAP0 until the S0-th training segment,
+                                     # then falls geometrically to CAP1 at S1 and stays (an ablation outside the
+                                     # paper: wide densities first, so that μ feels the key, narrow ones last)
     ltm_read: str = 'continuous'     # 'continuous': the paper's Gaussian density (Eqs. 9-11); 'discrete': softmax
                                      # attention over the signal X̄(m/M) at the M = n_samples points, keys and
                                      # values X̄ W^K, X̄ W^V (an ablation outside the paper: no density, one score per
@@ -133,9 +138,18 @@ class Config:
             raise ValueError(f"mu_readout must be 'affine' or 'pointer', got {self.mu_readout!r}")
         if self.ltm_read not in ('continuous', 'discrete'):
             raise ValueError(f"ltm_read must be 'continuous' or 'discrete', got {self.ltm_read!r}")
-        if self.ltm_read == 'discrete' and (self.sticky or self.sigma_sq_init or self.mu_readout != 'affine'):
-            raise ValueError("ltm_read='discrete' has no Gaussian density: it takes no sticky, sigma_sq_init or "
-                             "mu_readout")
+        if self.ltm_read == 'discrete' and (self.sticky or self.sigma_sq_init or self.mu_readout != 'affine'
+                                            or self.sigma_sq_anneal):
+            raise ValueError("ltm_read='discrete' has no Gaussian density: it takes no sticky, sigma_sq_init, "
+                             "mu_readout or sigma_sq_anneal")
+        try:
+            self.anneal = tuple(float(v) for v in self.sigma_sq_anneal.split(',')) if self.sigma_sq_anneal else ()
+        except ValueError:
+            self.anneal = None
+        if self.anneal != () and not (self.anneal and len(self.anneal) == 4 and self.anneal[0] >= self.anneal[1]
+                                      >= self.sigma_sq_min and 0 <= self.anneal[2] < self.anneal[3]):
+            raise ValueError(f"sigma_sq_anneal is 'CAP0,CAP1,S0,S1' with CAP0 >= CAP1 >= sigma_sq_min and "
+                             f"0 <= S0 < S1, got {self.sigma_sq_anneal!r}")
 
 
 @dataclass
@@ -415,6 +429,9 @@ class LongTermAttention(nn.Module):
         self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
         self.scale = 1.0 / math.sqrt(D)
         self.sigma_sq_min = config.sigma_sq_min
+        self.anneal = config.anneal
+        if self.anneal:                                    # sigma_sq_anneal: the training segments seen so far
+            self.register_buffer('segments_trained', torch.zeros((), dtype=torch.long))
 
     def gated(self, x):
         """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1, zero padding), smoothing X (B, L, C) before the
@@ -427,6 +444,15 @@ class LongTermAttention(nn.Module):
         windows = torch.cat([padded[:, j:j + L] for j in range(3)], dim=-1)        # (B, L, 3C)
         weight = self.gate.weight.permute(0, 2, 1).reshape(C, 3 * C)               # (C_out, k * C_in)
         return torch.sigmoid(F.linear(windows, weight, self.gate.bias)) * x
+
+    def sigma_sq_cap(self):
+        """sigma_sq_anneal's cap on σ² now: CAP0 up to segment S0, CAP0 (CAP1/CAP0)^((s - S0)/(S1 - S0)) between, CAP1
+        from S1 on. A training forward counts one segment (eval and generate read the cap without counting)."""
+        cap0, cap1, s0, s1 = self.anneal
+        done = ((self.segments_trained - s0) / (s1 - s0)).clamp(0.0, 1.0)
+        if self.training:
+            self.segments_trained.add_(1)
+        return cap0 * (cap1 / cap0) ** done
 
     def keys_values(self, ltm_B):
         """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D). (With
@@ -457,6 +483,8 @@ class LongTermAttention(nn.Module):
             sigma_in = self.sigma_affine(scores).squeeze(-1).to(f32)
         # σ² ≥ sigma_sq_min: 1e-4 in the authors' LM code (long_term_attention.py:332), 1e-6 in their sorting code
         sigma_sq = F.softplus(sigma_in).clamp(min=self.sigma_sq_min)                  # Eq. 10
+        if self.anneal:
+            sigma_sq = torch.minimum(sigma_sq, self.sigma_sq_cap())
         expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
         z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
         return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O

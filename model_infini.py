@@ -359,7 +359,6 @@ class Model(nn.Module):
         self.drop = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
-        # the output layer is the embedding matrix (tied), see forward
         self.apply(self._init_weights)
 
     # Copied from model_xl.py (Model._init_weights)

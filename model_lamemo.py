@@ -406,7 +406,6 @@ class Model(nn.Module):
         # v₊ (§3.3), the bias of look-ahead distances; the last layer refreshes nothing and has none
         self.r_r_bias_future = nn.Parameter(torch.empty(config.n_layer - 1 if config.untie_r else 1, H, D))
         self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
-        # the output layer is the embedding matrix (tied), see forward
         self.apply(self._init_weights)
         for bias in (self.r_w_bias, self.r_r_bias, self.r_r_bias_future):
             nn.init.normal_(bias, 0.0, config.init_std)
@@ -457,10 +456,9 @@ class Model(nn.Module):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
         Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
         same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
-        K = key_valid.size(1)
-        S = K - T
+        S = key_valid.size(1) - T
         i = torch.arange(T, device=key_valid.device)[:, None]
-        j = torch.arange(K, device=key_valid.device)[None, :]
+        j = torch.arange(S + T, device=key_valid.device)[None, :]
         distance = S + i - j                                      # (T, K)
         allowed = distance >= 0                                   # causal
         if self.config.same_length:
@@ -510,8 +508,7 @@ class Model(nn.Module):
         K = seg.key_valid.size(1)
         seg.emb.append(h)
         for n, layer in enumerate(self.layers):
-            u, v, _ = self._biases(n)
-            h, state, seg.kv[n] = layer(h, seg.kv[n], seg.r_k[n][:, -K:], u, v, attn_mask)
+            h, state, seg.kv[n] = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._biases(n)[:2], attn_mask)   # u, v
             seg.seg_states[n].append(state)
         return h
 

@@ -298,7 +298,6 @@ class Model(nn.Module):
         self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
         self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
         self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
-        # the output layer is the embedding matrix (tied), see forward
         self.apply(self._init_weights)
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
@@ -355,10 +354,9 @@ class Model(nn.Module):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
         Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
         same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
-        K = key_valid.size(1)
-        S = K - T
+        S = key_valid.size(1) - T
         i = torch.arange(T, device=key_valid.device)[:, None]
-        j = torch.arange(K, device=key_valid.device)[None, :]
+        j = torch.arange(S + T, device=key_valid.device)[None, :]
         distance = S + i - j                                      # (T, K)
         allowed = distance >= 0                                   # causal
         if self.config.same_length:
@@ -405,12 +403,11 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
-        (bptt_segments=1): 6 per use of a weight (2 forward, 2 for its input's gradient, 2 for its own); the
-        attention over K = mem_len + seg_len keys ((a)+(c), (b)+(d) and the weighted sum of values: 3 products of
-        H*D*K, 6 FLOPs a multiply-add each); the memory's keys and values, projected again every segment, forward
-        and their weights' gradient (4 a multiply-add: the memory gets no gradient). W_{k,R} projects R once per batch
-        for all its streams (under 1% of a step at batch 8): not counted. tests/test_flops.py checks all of it."""
+        """Training FLOPs (forward + backward) per token, for MFU, with the memory detached (bptt_segments=1): 6 per
+        use of a weight (2 forward, 2 for its input's gradient, 2 for its own); 6 per multiply-add of the attention
+        over K = mem_len + seg_len keys ((a)+(c), (b)+(d), the values: 3 products of H*D*K); 4 per multiply-add of the
+        memory's keys and values, projected again every segment (no gradient into the memory). W_{k,R} R, once per
+        batch for all streams (under 1% of a step at batch 8), is not counted. tests/test_flops.py checks it all."""
         c = self.config
         matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
                        if name.endswith('weight') and p.dim() > 1)        # norms, u and v take none)

@@ -602,6 +602,42 @@ def test_sigma_sq_init_starts_every_density_that_narrow():
         Config(sigma_sq_init=-1.0)
 
 
+def test_sigma_sq_anneal_caps_sigma_sq_on_a_geometric_schedule_of_training_segments():
+    """sigma_sq_anneal='CAP0,CAP1,S0,S1' (outside the paper): σ² = min(Eq. 10, cap), the cap CAP0 for the first S0
+    training segments, CAP0 (CAP1/CAP0)^((s - S0)/(S1 - S0)) at segment s, CAP1 from S1 on; only training forwards
+    count (eval and generate read the cap), the count is in the state dict (resume), and σ² below the cap is
+    Eq. 10's own, with its gradient."""
+    import model_infformer
+    cap0, cap1, s0, s1 = 1e-1, 1e-5, 2, 6
+    model = make_model(sigma_sq_anneal=f'{cap0},{cap1},{s0},{s1}', sigma_sq_min=1e-6).train()
+    B, H, T, N, D = 2, 2, 3, 16, 8
+    basis = gaussian_basis(N, (0.05, 0.1))
+    torch.manual_seed(2)
+    keys = torch.randn(B, H, N, D, dtype=F64)
+    read = model_infformer.LTMRead(keys, keys, torch.ones(B, dtype=torch.bool), *basis)
+    attn = model.layers[0].attn.ltm
+    q = torch.randn(B, H, T, D, dtype=F64)
+    uncapped = F.softplus(attn.sigma_affine(torch.einsum('bhid,bhnd->bhin', q, keys) * attn.scale)).squeeze(-1)
+    for s in range(9):                                         # segment s of training: the cap, then one more counted
+        cap = cap0 * (cap1 / cap0) ** min(max((s - s0) / (s1 - s0), 0.0), 1.0)
+        _, _, sigma_sq = attn(q, read)
+        torch.testing.assert_close(sigma_sq, uncapped.clamp(min=1e-6, max=cap))
+        assert int(attn.segments_trained) == s + 1
+    attn.eval()
+    with torch.no_grad():
+        attn(q, read)
+    assert int(attn.segments_trained) == 9                    # eval reads, does not count
+    assert 'layers.1.attn.ltm.segments_trained' in model.state_dict()
+    attn.sigma_affine.bias.data.fill_(math.log(math.expm1(1e-6)))   # σ² under the cap keeps its gradient
+    attn.train()
+    attn(q, read)[2].sum().backward()
+    assert attn.sigma_affine.bias.grad.abs() > 0
+    assert 'segments_trained' not in ''.join(make_model().state_dict())   # off: no buffer, old checkpoints load
+    for bad in ('1e-2,1e-6,2', '1e-6,1e-2,0,1', 'x,1,2,3', '1e-2,1e-6,5,5', '1e-2,1e-8,0,1'):
+        with pytest.raises(ValueError, match='sigma_sq_anneal'):
+            Config(sigma_sq_anneal=bad, sigma_sq_min=1e-6)
+
+
 def test_pointer_readout_is_the_centres_under_softmax_and_points_at_the_matching_key():
     """mu_readout='pointer' (outside the paper): μ = Σ_j softmax(q·k_j/√d)_j μ_j, against a loop over basis
     functions; a query that matches one basis function's key far better than the rest puts μ on that centre,
