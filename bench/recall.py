@@ -8,6 +8,7 @@ recall (many key-value pairs per segment, questions about pairs written segments
     python bench/recall.py --tasks=passkey --seeds=1,2,3 --bptt_segments=16 --curriculum=0.25   # as issue 15 asks
     python bench/recall.py --tasks=assoc --variants=infini_linear --tokens=32000000 --bptt_segments=16 --batch_size=8 --curriculum=0.25
     python bench/recall.py --merge=seed1.json,seed2.json --out=both.json   # runs of other seeds/variants as one
+    python bench/recall.py --tasks=passkey --tokens=1000000000 --data_tokens=32000000   # 32M written, read 31 times
 
 For each task the data are written in train.py's format (data/README.md) to a directory under --out_dir, every
 variant is trained on it with `train.train([...flags])` (the same token budget for every model), and its
@@ -88,6 +89,8 @@ class RecallConfig:
     variants: str = 'all'
     device: str = 'cpu'
     tokens: int = 4_000_000        # training tokens per model per task (the same budget for every model)
+    data_tokens: int = 0           # training tokens written per task and seed; 0 = tokens (one pass). Fewer: train.py
+                                   # reads them again (epochs), each epoch starting with the curriculum's share
     batch_size: int = 16
     learning_rate: float = 3e-3
     inside_fraction: float = 0.9   # training episodes whose evidence and question share a segment (see the trap;
@@ -125,6 +128,8 @@ class RecallConfig:
     n_embd: int = RECALL_SIZE['n_embd']
 
     def __post_init__(self):
+        if not 0 <= self.data_tokens <= self.tokens:
+            raise ValueError(f"data_tokens must be in [0, tokens={self.tokens}] (0 = tokens), got {self.data_tokens}")
         for name in ('tokens', 'batch_size', 'eval_episodes', 'seg_len', 'n_layer', 'n_embd', 'bptt_segments'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -507,8 +512,10 @@ def run_dir(cfg, task, variant, seed):
 
 
 def task_data(task, cfg, seed):
-    """The task's training data for this seed (read by every variant)."""
-    n_segments = train_steps(cfg) * cfg.bptt_segments
+    """The task's training data for this seed (read by every variant): all of --tokens, or --data_tokens of them
+    (whole graphs of bptt_segments, so that the episodes stay packed when train.py starts the data again)."""
+    steps = train_steps(cfg) if cfg.data_tokens == 0 else train_steps(dataclasses.replace(cfg, tokens=cfg.data_tokens))
+    n_segments = steps * cfg.bptt_segments
     return write_task_data(task, Path(cfg.out_dir) / f'data-{task}-seed{seed}', cfg, cfg.batch_size, n_segments,
                            seed)
 

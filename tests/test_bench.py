@@ -274,9 +274,22 @@ def test_overrides_pass_train_flags_to_train_py():
     with pytest.raises(ValueError, match='--bptt_segments'):
         recall.RecallConfig(overrides='bptt_segments=4')
     assert recall.train_steps(recall.RecallConfig(tokens=64 * 16 * 100, bptt_segments=4)) == 25
+    with pytest.raises(ValueError, match='data_tokens'):
+        recall.RecallConfig(tokens=1000, data_tokens=2000)
     assert recall.RecallConfig(seeds='3,4').seed_list() == [3, 4] and recall.RecallConfig(seed=7).seed_list() == [7]
     with pytest.raises(common.train.UserError, match='--seeds'):
         recall.RecallConfig(seeds='1,x')
+
+
+def test_data_tokens_writes_whole_bptt_graphs_of_that_many_tokens_and_train_reads_them_again(tmp_path):
+    """--data_tokens writes fewer training tokens than --tokens (whole graphs of bptt_segments per stream, so the
+    packing holds when train.py starts the data again); 0 writes them all."""
+    T, k, B = 32, 4, 2
+    cfg = recall.RecallConfig(seg_len=T, mem_len=16, bptt_segments=k, batch_size=B, tokens=B * T * k * 10,
+                              max_depth_factor=2.0, out_dir=str(tmp_path))
+    for data_tokens, graphs in ((0, 10), (B * T * k * 3, 3), (B * T * k * 3 + T, 3)):
+        d = recall.task_data('passkey', dataclasses.replace(cfg, data_tokens=data_tokens), seed=0)
+        assert np.fromfile(d / 'train.bin', dtype=np.uint16).size == B * graphs * k * T + 1
 
 
 @pytest.mark.parametrize('task', ['passkey', 'sorting'])
@@ -732,3 +745,17 @@ def test_gpu_check_script_uses_flags_that_exist():
                 path = common.REPO / (cfg.replace('${m}', m) if m else cfg)
                 assert path.exists(), f"gpu_check.sh names {path.name}, which does not exist"
     assert seen['train.py'] >= 4 and seen['sample.py'] >= 1 and seen['bench/speed.py'] >= 3, seen
+
+
+def test_gpu_recall_script_uses_flags_that_exist():
+    """bench/gpu_recall.sh, like gpu_check.sh, gets one try per lease: every --flag it gives bench/recall.py must be
+    a RecallConfig field, and the log field it reads the probe's rate from must be one train.py writes."""
+    import re
+    text = re.sub(r'\\\n', ' ', (common.REPO / 'bench' / 'gpu_recall.sh').read_text())
+    fields = {f.name for f in dataclasses.fields(recall.RecallConfig)}
+    calls = re.findall(r'bench/recall\.py((?:\s+--\S+)+)', text)
+    assert len(calls) >= 3, calls
+    for args in calls:
+        for flag in re.findall(r'--(\w+)=', args):
+            assert flag in fields, f"gpu_recall.sh: bench/recall.py has no --{flag}"
+    assert "'tokens_per_sec'" in text and "'tokens_per_sec'" in (common.REPO / 'train.py').read_text()
