@@ -4,7 +4,8 @@
 # passkey tokens; 14 h a seed on the CPU)? A lent machine has minutes, so the budget is fitted to the time left.
 #
 #   OUT=out-gpu-recall bash bench/gpu_recall.sh          # on the GPU machine; JSONs and logs land in $OUT
-#   DEVICE=cpu PROBE_TOKENS=40000 MAX_TOKENS=120000 DATA_TOKENS=40000 BATCH=4 DEADLINE=300 bash bench/gpu_recall.sh
+#   DEVICE=cpu SEEDS="1 2" BATCH=4 BPTT=4 PROBE_TOKENS=40960 MAX_TOKENS=163840 DATA_TOKENS=40960 DEADLINE=240 \
+#       bash bench/gpu_recall.sh
 #                                                        # a dry run of this script on a CPU (minutes)
 #
 # 1. Probe: every seed trains PROBE_TOKENS in parallel (compile + bf16, as train.py on a GPU) and is scored; its
@@ -12,16 +13,17 @@
 # 2. Main: every seed in parallel, tokens = what the slowest probe's rate allows in the time left (at most
 #    MAX_TOKENS), from DATA_TOKENS of written episodes read again each epoch (recall.py --data_tokens: writing 1B
 #    tokens would take longer than the lease). Then the seeds are merged into one JSON.
-# The recipe is the CPU one (bench/README.md, recall) but for the batch: BATCH streams a step instead of 16, so
-# 1B tokens are ~61k steps at batch 256, learning rate unchanged (3e-3 constant after warm-up).
+# Trained as the paper trains it: the loss back-propagates through the memory over BPTT = 16 segments (a graph of
+# 16 x 64 tokens, episodes packed inside it), BATCH = 16 streams: 16k tokens a step, so 1B tokens are ~61k steps.
+# Otherwise the CPU recipe (bench/README.md, recall: AdamW 3e-3 constant after warm-up, curriculum 0.25).
 set -u
 OUT=${OUT:-out-gpu-recall}
 DEVICE=${DEVICE:-cuda}
 DEADLINE=${DEADLINE:-540}
 SEEDS=${SEEDS:-1 2 3}
 VARIANT=${VARIANT:-infini_linear}
-BATCH=${BATCH:-256}
-BPTT=${BPTT:-1}
+BATCH=${BATCH:-16}
+BPTT=${BPTT:-16}
 PROBE_TOKENS=${PROBE_TOKENS:-20000000}
 MAX_TOKENS=${MAX_TOKENS:-1000000000}
 DATA_TOKENS=${DATA_TOKENS:-32000000}
