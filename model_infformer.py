@@ -142,14 +142,16 @@ class Config:
                                             or self.sigma_sq_anneal):
             raise ValueError("ltm_read='discrete' has no Gaussian density: it takes no sticky, sigma_sq_init, "
                              "mu_readout or sigma_sq_anneal")
-        try:
-            self.anneal = tuple(float(v) for v in self.sigma_sq_anneal.split(',')) if self.sigma_sq_anneal else ()
-        except ValueError:
-            self.anneal = None
-        if self.anneal != () and not (self.anneal and len(self.anneal) == 4 and self.anneal[0] >= self.anneal[1]
-                                      >= self.sigma_sq_min and 0 <= self.anneal[2] < self.anneal[3]):
-            raise ValueError(f"sigma_sq_anneal is 'CAP0,CAP1,S0,S1' with CAP0 >= CAP1 >= sigma_sq_min and "
-                             f"0 <= S0 < S1, got {self.sigma_sq_anneal!r}")
+        self.anneal = ()                                   # sigma_sq_anneal as (CAP0, CAP1, S0, S1)
+        if self.sigma_sq_anneal:
+            try:
+                cap0, cap1, s0, s1 = (float(v) for v in self.sigma_sq_anneal.split(','))
+            except ValueError:                             # not four numbers
+                cap0 = cap1 = s0 = s1 = float('nan')
+            if not (cap0 >= cap1 >= self.sigma_sq_min and 0 <= s0 < s1):
+                raise ValueError(f"sigma_sq_anneal is 'CAP0,CAP1,S0,S1' with CAP0 >= CAP1 >= sigma_sq_min and "
+                                 f"0 <= S0 < S1, got {self.sigma_sq_anneal!r}")
+            self.anneal = (cap0, cap1, s0, s1)
 
 
 @dataclass
@@ -446,13 +448,10 @@ class LongTermAttention(nn.Module):
         return torch.sigmoid(F.linear(windows, weight, self.gate.bias)) * x
 
     def sigma_sq_cap(self):
-        """sigma_sq_anneal's cap on σ² now: CAP0 up to segment S0, CAP0 (CAP1/CAP0)^((s - S0)/(S1 - S0)) between, CAP1
-        from S1 on. A training forward counts one segment (eval and generate read the cap without counting)."""
+        """sigma_sq_anneal's cap on σ² after s training segments: CAP0 up to S0, CAP0 (CAP1/CAP0)^((s - S0)/(S1 - S0))
+        between, CAP1 from S1 on."""
         cap0, cap1, s0, s1 = self.anneal
-        done = ((self.segments_trained - s0) / (s1 - s0)).clamp(0.0, 1.0)
-        if self.training:
-            self.segments_trained.add_(1)
-        return cap0 * (cap1 / cap0) ** done
+        return cap0 * (cap1 / cap0) ** ((self.segments_trained - s0) / (s1 - s0)).clamp(0.0, 1.0)
 
     def keys_values(self, ltm_B):
         """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D). (With
@@ -483,8 +482,10 @@ class LongTermAttention(nn.Module):
             sigma_in = self.sigma_affine(scores).squeeze(-1).to(f32)
         # σ² ≥ sigma_sq_min: 1e-4 in the authors' LM code (long_term_attention.py:332), 1e-6 in their sorting code
         sigma_sq = F.softplus(sigma_in).clamp(min=self.sigma_sq_min)                  # Eq. 10
-        if self.anneal:
+        if self.anneal:                         # sigma_sq_anneal (outside the paper)
             sigma_sq = torch.minimum(sigma_sq, self.sigma_sq_cap())
+            if self.training:                   # a training forward reads one segment (eval and generate: none)
+                self.segments_trained.add_(1)
         expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
         z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
         return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O
