@@ -424,8 +424,9 @@ def train_overrides(cfg):
     return [f'--{k}={v}' for k, v in common.override_items(cfg.overrides) if k in TRAIN_FIELDS]
 
 
-def train_steps(cfg):
-    return max(1, cfg.tokens // (cfg.batch_size * cfg.seg_len * cfg.bptt_segments))
+def train_steps(cfg, tokens=None):
+    """Optimizer steps (graphs of bptt_segments per stream) in cfg.tokens, or in tokens."""
+    return max(1, (tokens or cfg.tokens) // (cfg.batch_size * cfg.seg_len * cfg.bptt_segments))
 
 
 def train_variant(task, variant, spec, size, cfg, data_dir, out_dir, seed):
@@ -514,8 +515,7 @@ def run_dir(cfg, task, variant, seed):
 def task_data(task, cfg, seed):
     """The task's training data for this seed (read by every variant): all of --tokens, or --data_tokens of them
     (whole graphs of bptt_segments, so that the episodes stay packed when train.py starts the data again)."""
-    steps = train_steps(cfg) if cfg.data_tokens == 0 else train_steps(dataclasses.replace(cfg, tokens=cfg.data_tokens))
-    n_segments = steps * cfg.bptt_segments
+    n_segments = train_steps(cfg, cfg.data_tokens) * cfg.bptt_segments
     return write_task_data(task, Path(cfg.out_dir) / f'data-{task}-seed{seed}', cfg, cfg.batch_size, n_segments,
                            seed)
 
