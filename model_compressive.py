@@ -452,8 +452,7 @@ class RelMultiHeadAttn(nn.Module):
         if self.pre_lnorm:
             h = self.layer_norm(h)
         kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
-        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
-        return k, v
+        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
 
     # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
     def project_positions(self, r):
@@ -467,8 +466,7 @@ class RelMultiHeadAttn(nn.Module):
             ln = self.layer_norm
             m = F.layer_norm(m, (C,), ln.weight.detach(), ln.bias.detach(), ln.eps)
         kv = F.linear(m, self.kv_net.weight.detach()).view(B, S, 2, self.n_head, self.d_head)
-        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
-        return k, v
+        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
         """h (B, T, C): this segment's layer input; mem_kv: keys and values (B, H, S, D) of the S earlier positions

@@ -286,8 +286,7 @@ class LookAheadAttn(nn.Module):
         if self.pre_lnorm:
             h = self.layer_norm(h)
         kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
-        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
-        return k, v
+        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
 
     # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
     def project_positions(self, r):

@@ -54,12 +54,10 @@ class Config:
     use_sdpa: bool = True     # F.scaled_dot_product_attention with the positional term as a bias; False: manual
 
     def __post_init__(self):
-        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ('mem_len', 'clamp_len'):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'), 1)
+        for name, low in {**lowest, 'mem_len': 0, 'clamp_len': 0}.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         for name in ('dropout', 'dropatt'):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -224,8 +222,7 @@ class RelMultiHeadAttn(nn.Module):
         if self.pre_lnorm:
             h = self.layer_norm(h)
         kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
-        k, v = kv.permute(2, 0, 3, 1, 4)                          # each (B, H, S, D)
-        return k, v
+        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
 
     # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
     def project_positions(self, r):
@@ -233,10 +230,9 @@ class RelMultiHeadAttn(nn.Module):
         return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
-        """h (B, T, C): this segment's layer input; mem_kv: keys and values (B, H, S, D) of the S earlier positions
-        (the memory, §3.2); r (K, C): R for distances K-1, ..., 0 (K = S + T), or W_{k,R} R (H, K, D) already
-        projected (generate() projects once a segment, not once a token); r_w_bias, r_r_bias (H, D): u and v;
-        attn_mask (B, 1, T, K): True where query i may attend key j. -> the output (B, T, C), (k, v) of all K keys"""
+        """h (B, T, C): the segment's layer input; mem_kv: keys, values (B, H, S, D) of the S earlier positions (the
+        memory, §3.2); r: R (K, C) for distances K-1, ..., 0 (K = S + T), or W_{k,R} R (H, K, D) (generate() projects
+        once a segment); r_w_bias, r_r_bias (H, D): u, v; attn_mask (B, 1, T, K). -> out (B, T, C), (k, v) of K keys"""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -403,11 +399,10 @@ class Model(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU, with the memory detached (bptt_segments=1): 6 per
-        use of a weight (2 forward, 2 for its input's gradient, 2 for its own); 6 per multiply-add of the attention
-        over K = mem_len + seg_len keys ((a)+(c), (b)+(d), the values: 3 products of H*D*K); 4 per multiply-add of the
-        memory's keys and values, projected again every segment (no gradient into the memory). W_{k,R} R, once per
-        batch for all streams (under 1% of a step at batch 8), is not counted. tests/test_flops.py checks it all."""
+        """Training FLOPs (forward + backward) per token, for MFU, the memory detached (bptt_segments=1): 6 per use of
+        a weight (2 forward, 2 for its input's gradient, 2 for its own); 6 per multiply-add of the attention over
+        K = mem_len + seg_len keys (3 products of H*D*K: (a)+(c), (b)+(d), values); 4 per multiply-add of the memory's
+        keys and values (no gradient into the memory). W_{k,R} R, once a batch, is not counted (tests/test_flops.py)."""
         c = self.config
         matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
                        if name.endswith('weight') and p.dim() > 1)        # norms, u and v take none)
