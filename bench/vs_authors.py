@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+from speed import MODES  # noqa: E402  (eager, bf16, compile, compile_bf16: the modes of bench/speed.py)
 
 UserError = common.train.UserError
 
@@ -49,6 +50,7 @@ class VsAuthorsConfig:
     n_basis: int = 128             # the ∞-former's N
     batch_size: int = 8
     device: str = 'cpu'
+    modes: str = 'eager'           # comma-separated, of eager, bf16, compile, compile_bf16 (every model the same)
     warmup: int = 3                # untimed rounds: the memories fill, the LTMs write from round 3 on
     rounds: int = 10               # timed rounds: medians over these
     out: str = str(common.RESULTS / 'vs_authors.json')
@@ -61,6 +63,9 @@ class VsAuthorsConfig:
         if self.warmup < 3:
             raise ValueError(f"warmup must be >= 3 (the ∞-formers' LTMs first write in the third step), "
                              f"got {self.warmup}")
+        for m in self.modes.split(','):
+            if m not in MODES:
+                raise ValueError(f"unknown mode {m!r} in modes; known: {', '.join(MODES)}")
         if self.n_embd != self.n_head * self.d_head:
             raise ValueError(f"n_embd must equal n_head * d_head (the authors' ∞-former needs it), got "
                              f"{self.n_embd} != {self.n_head} * {self.d_head}")
@@ -126,7 +131,7 @@ def load_authors(pair, repo, device):
     folder_name, files = EDITS[pair]
     folder = Path(repo) / folder_name
     if not folder.is_dir():
-        raise UserError(f"--{pair}_repo={repo}: no folder {folder_name}/ there (a checkout of the authors' repository?)")
+        raise UserError(f"--{pair}_repo={repo}: no folder {folder_name}/ there (a checkout of the authors' code?)")
     saved_path, stubs = sys.path[:], STUBS.get(pair, lambda f: {})(folder)
     _forget(list(stubs) + list(SHARED))
     sys.path[:0] = [str(folder), str(folder / 'utils')]
@@ -142,7 +147,7 @@ def load_authors(pair, repo, device):
                     raise UserError(f"{path}: expected {old.strip()!r} to edit ({why}); is it the commit named in "
                                     f"bench/vs_authors.py?")
                 source = source.replace(old, new)
-            module = types.ModuleType(f'authors_{pair}_{name}')
+            module = types.ModuleType(name)
             module.__file__, module.DEVICE = str(path), str(device)
             sys.modules[name] = module                   # the next file's `from <name> import ...` finds it
             exec(compile(source, str(path), 'exec'), module.__dict__)
@@ -151,13 +156,18 @@ def load_authors(pair, repo, device):
         return module
     finally:
         sys.path[:] = saved_path
-        _forget(list(stubs) + list(SHARED))
+        _forget(list(stubs) + list(SHARED), keep_as=f'authors_{pair}__')
 
 
-def _forget(names):
+def _forget(names, keep_as=''):
+    """Drop the modules under these top-level names from sys.modules; with keep_as, keep each importable under
+    keep_as + its name instead (torch.compile imports a function's module by the name in its globals)."""
     for name in list(sys.modules):
         if name.split('.')[0] in names:
-            del sys.modules[name]
+            module = sys.modules.pop(name)
+            if keep_as:
+                module.__name__ = keep_as + name
+                sys.modules[module.__name__] = module
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -197,10 +207,13 @@ def authors(pair, module, cfg):
 
 
 class Entry:
-    """One model timed in the rounds: its memory, data (B, T + 1) and step."""
+    """One model in one mode, timed in the rounds: its memory, data (B, T + 1) and step."""
 
-    def __init__(self, pair, who, model, cfg, device):
-        self.pair, self.who, self.model = pair, who, model.to(device).train()
+    def __init__(self, pair, who, mode, model, cfg, device, device_type):
+        self.pair, self.who, self.mode, self.model = pair, who, mode, model.to(device).train()
+        compiled, dtype = MODES[mode]
+        self.fn = common.compile_model(model) if compiled else model
+        self.ctx = common.autocast(device_type, dtype)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         self.data = [common.random_tokens(cfg.batch_size, cfg.seg_len + 1, cfg.vocab, seed=i, device=device)
                      for i in range(4)]
@@ -211,11 +224,12 @@ class Entry:
         chunk = self.data[self.n % len(self.data)]
         self.n += 1
         x, y = chunk[:, :-1], chunk[:, 1:]
-        if self.who == 'nanomem':
-            _, loss, memory, _ = self.model(x, self.memory, y)
-            self.memory = common.train.detach_memory(memory)
-        else:
-            loss = self._authors_loss(x.t().contiguous(), y.t().contiguous())
+        with self.ctx:
+            if self.who == 'nanomem':
+                _, loss, memory, _ = self.fn(x, self.memory, y)
+                self.memory = common.train.detach_memory(memory)
+            else:
+                loss = self._authors_loss(x.t().contiguous(), y.t().contiguous())
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -223,10 +237,10 @@ class Entry:
     def _authors_loss(self, x, y):
         """Their training loops' loss on time-major (T, B) data, as their train.py computes it."""
         if self.pair == 'infformer':                     # logits only with doc_final; + kl_m * KL (kl_m 1e-6)
-            ret, _, _, kl = self.model(x, y, *self.memory, doc_final=True)
+            ret, _, _, kl = self.fn(x, y, *self.memory, doc_final=True)
             loss = ret[0] + (1e-6 * kl.float().mean() if kl is not None else 0.0)
         else:
-            ret = self.model(x, y, *self.memory)
+            ret = self.fn(x, y, *self.memory)
             ret = ret[0] if isinstance(ret, tuple) else ret  # LaMemo returns (list, analysis) outside training
             loss = ret[0].float().mean()
         self.memory = ret[2:] if self.pair == 'lamemo' else ret[1:]   # LaMemo: [loss, mem_loss] + mems
@@ -241,22 +255,26 @@ def run(cfg, argv):
         repo = getattr(cfg, f'{pair}_repo')
         if repo:
             module = load_authors(pair, repo, device)
-            entries += [Entry(pair, 'authors', authors(pair, module, cfg), cfg, device),
-                        Entry(pair, 'nanomem', ours(pair, cfg), cfg, device)]
+            for mode in cfg.modes.split(','):            # each mode its own copy: compile caches per module
+                entries += [Entry(pair, 'authors', mode, authors(pair, module, cfg), cfg, device, device_type),
+                            Entry(pair, 'nanomem', mode, ours(pair, cfg), cfg, device, device_type)]
     if not entries:
         raise UserError("nothing to time: give --xl_repo, --lamemo_repo and/or --infformer_repo")
     common.run_rounds(entries, Entry.step, cfg.warmup, cfg.rounds, device_type, 'train')
     results = {}
-    for e in entries:
+    for e in entries:                                    # {pair: {who: {mode: ...}, 'ratio': {mode: ours / theirs}}}
         t = common.median(e.times)
-        results.setdefault(e.pair, {})[e.who] = {
+        results.setdefault(e.pair, {}).setdefault(e.who, {})[e.mode] = {
             'tokens_per_s': e.tokens / t, 'step_s_median': t, 'step_s': e.times,
             'parameters': sum(p.numel() for p in e.model.parameters())}
-    print(f"{'pair':<10} {'authors tok/s':>14} {'nanomem tok/s':>14} {'ratio':>6}   parameters (authors / ours)")
+    print(f"{'pair':<10} {'mode':<13} {'authors tok/s':>14} {'nanomem tok/s':>14} {'ratio':>6}   "
+          f"parameters (authors / ours)")
     for pair, r in results.items():
-        r['ratio'] = r['nanomem']['tokens_per_s'] / r['authors']['tokens_per_s']
-        print(f"{pair:<10} {r['authors']['tokens_per_s']:>14,.0f} {r['nanomem']['tokens_per_s']:>14,.0f} "
-              f"{r['ratio']:>6.2f}   {r['authors']['parameters']:,} / {r['nanomem']['parameters']:,}")
+        r['ratio'] = {m: r['nanomem'][m]['tokens_per_s'] / r['authors'][m]['tokens_per_s'] for m in r['nanomem']}
+        for m, ratio in r['ratio'].items():
+            theirs, mine = r['authors'][m], r['nanomem'][m]
+            print(f"{pair:<10} {m:<13} {theirs['tokens_per_s']:>14,.0f} {mine['tokens_per_s']:>14,.0f} "
+                  f"{ratio:>6.2f}   {theirs['parameters']:,} / {mine['parameters']:,}")
     size = {k: getattr(cfg, k) for k in ('vocab', 'n_layer', 'n_embd', 'n_head', 'd_head', 'd_inner', 'seg_len',
                                          'mem_len', 'n_basis', 'batch_size')}
     common.write_json(cfg.out, {'device': str(device), 'size': size, 'results': results,
