@@ -24,6 +24,9 @@ documents. Eval mode, no gradient; --eval_mem_len gives a model that has mem_len
 train.py --eval_only --mem_len=... does: the weights are the same). --reset_every=k also empties the memory before
 segments k, 2k, ... of every document, as train.py's reset_every does in training and evaluation (Infini-attention's
 inputs of k segments); -1 takes each run's own training value.
+--reuse=EARLIER.json adds the labels of an earlier result of this script to the comparison, from the per-document
+sums it kept (doc_nll_sums): checkpoints that are gone can still be compared with, as long as the same documents are
+read into the same buckets (checked against its doc_tokens, doc_bytes and bucket_edges).
 
 Buckets of position (--buckets=64,256,1024,4096 -> [0,64) [64,256) [256,1024) [1024,4096) [4096,end)). Per run,
 per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all documents; and where
@@ -101,6 +104,8 @@ class LongDocConfig:
     out: str = ''                     # the JSON path ('' = from --name); the plot goes next to it (.png)
     plot: bool = True
     cache: bool = True                # keep each run's per-token NLLs next to its checkpoint (<ckpt>.longdoc-*.npz)
+    reuse: str = ''                   # an earlier longdoc JSON: its labels join the comparison from the per-document
+                                      # sums it kept, without their checkpoints (same documents and buckets only)
 
     def __post_init__(self):
         for name in ('max_tokens_per_doc', 'max_docs'):
@@ -566,6 +571,36 @@ def write_cache(cache, nlls):
         tmp.replace(cache)
 
 
+def read_reused(path, labels):
+    """--reuse: an earlier result of this script (its labels must not be those of --runs)."""
+    try:
+        old = json.loads(Path(path).read_text())
+        old['labels'], old['runs'], old['doc_tokens'], old['bucket_edges']
+    except (OSError, ValueError, KeyError) as e:
+        raise train.UserError(f"--reuse={path}: not a longdoc result ({e})") from None
+    twice = sorted(set(old['labels']) & set(labels))
+    if twice:
+        raise train.UserError(f"--reuse={path}: the label {twice[0]!r} is also in --runs")
+    return old
+
+
+def add_reused(path, old, labels, runs, edges):
+    """Add the labels of an earlier result to labels and runs, each run's sums rebuilt from its doc_nll_sums and the
+    token and byte counts of this reading, which must be the earlier one's (same documents, same buckets)."""
+    _, N, Y = next(iter(runs.values()))['sums']
+    same_bytes = old.get('doc_bytes') is None or np.array_equal(np.asarray(old['doc_bytes']), Y)
+    if list(old['bucket_edges']) != list(edges) or not np.array_equal(np.asarray(old['doc_tokens']), N) \
+            or not same_bytes:
+        raise train.UserError(f"--reuse={path} read other documents or buckets (its bucket edges "
+                              f"{old['bucket_edges']}; pass the same --split, --buckets and --max_* flags)")
+    for label, lab in old['labels'].items():
+        labels[label] = lab['runs']
+        for run in lab['runs']:
+            info = old['runs'][run]
+            runs[run] = {**{k: v for k, v in info.items() if k not in ('buckets', 'doc_nll_sums')},
+                         'sums': (np.asarray(info['doc_nll_sums'], dtype=np.float64), N, Y)}
+
+
 def build_result(cfg, labels, docs, edges, runs):
     baseline = cfg.baseline or next(iter(labels))
     unit = docs.unit
@@ -603,12 +638,16 @@ def main(argv=None):
     def go(argv):
         cfg = common.parse(gather_runs_flags(argv), LongDocConfig)
         labels = parse_runs(cfg.runs)
-        if cfg.baseline and cfg.baseline not in labels:
-            raise train.UserError(f"--baseline={cfg.baseline} is not a label of --runs ({', '.join(labels)})")
+        reused = read_reused(cfg.reuse, labels) if cfg.reuse else {}
+        if cfg.baseline and cfg.baseline not in {**labels, **reused.get('labels', {})}:
+            raise train.UserError(f"--baseline={cfg.baseline} is not a label of --runs or --reuse "
+                                  f"({', '.join(list(labels) + list(reused.get('labels', {})))})")
         parse_buckets(cfg.buckets)
         device, device_type = common.setup(cfg.device)
         dtype = train.resolve_dtype(cfg.dtype, device_type)
         docs, edges, runs = evaluate(cfg, labels, device, device_type, dtype)
+        if reused:
+            add_reused(cfg.reuse, reused, labels, runs, edges)
         result = clean(build_result(cfg, labels, docs, edges, runs))
         n_pred = sum(max(0, len(t) - 1) for t in docs.tokens)
         print(f"\n{docs.split} of {docs.data_dir}: {len(docs.tokens)} documents, {n_pred:,} predicted tokens, "

@@ -257,6 +257,29 @@ def test_end_to_end_on_checkpoints(runs, tmp_path, capsys):
     assert path.with_suffix('.png').stat().st_size > 1000
 
 
+def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_path, capsys):
+    data, out = runs
+    xl, base = (f"--runs={k}:{','.join(map(str, out[k]))}" for k in ('xl', 'base'))
+    common = ['--buckets=4,16,64', '--batch_size=3', '--device=cpu', '--plot=False']
+    longdoc.main([xl, base, '--baseline=base', f'--out={tmp_path}/together.json'] + common)
+    longdoc.main([base, f'--out={tmp_path}/base.json'] + common)
+    longdoc.main([xl, f'--reuse={tmp_path}/base.json', '--baseline=base', f'--out={tmp_path}/reused.json'] + common)
+    together, reused = (json.loads((tmp_path / f).read_text()) for f in ('together.json', 'reused.json'))
+    assert list(reused['labels']) == ['xl', 'base'] and reused['baseline'] == 'base'
+    for label in ('xl', 'base'):
+        for a, b in zip(together['labels'][label]['buckets'], reused['labels'][label]['buckets']):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12), (label, k)
+    assert reused['runs'][str(out['base'][0])]['doc_nll_sums'] == together['runs'][str(out['base'][0])]['doc_nll_sums']
+    assert 'other documents or buckets' in error_of(capsys, [xl, f'--reuse={tmp_path}/base.json', '--buckets=4,16',
+                                                              f'--out={tmp_path}/x.json'] + common[1:])
+    assert "'base' is also in --runs" in error_of(capsys, [base, f'--reuse={tmp_path}/base.json',
+                                                           f'--out={tmp_path}/x.json'] + common)
+    assert 'not a longdoc result' in error_of(capsys, [xl, f'--reuse={tmp_path}/nothing.json',
+                                                       f'--out={tmp_path}/x.json'] + common)
+
+
 def test_eval_mem_len_and_splits(runs, tmp_path):
     data, out = runs
     path = tmp_path / 'r.json'
