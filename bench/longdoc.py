@@ -575,9 +575,11 @@ def read_reused(path, labels):
     """--reuse: an earlier result of this script (its labels must not be those of --runs)."""
     try:
         old = json.loads(Path(path).read_text())
-        old['labels'], old['runs'], old['doc_tokens'], old['bucket_edges']
-    except (OSError, ValueError, KeyError) as e:
-        raise train.UserError(f"--reuse={path}: not a longdoc result ({e})") from None
+    except (OSError, ValueError) as e:
+        raise train.UserError(f"--reuse={path}: cannot read it ({e})") from None
+    missing = [k for k in ('labels', 'runs', 'doc_tokens', 'bucket_edges') if not isinstance(old, dict) or k not in old]
+    if missing:
+        raise train.UserError(f"--reuse={path}: not a longdoc result (no {missing[0]!r})")
     twice = sorted(set(old['labels']) & set(labels))
     if twice:
         raise train.UserError(f"--reuse={path}: the label {twice[0]!r} is also in --runs")

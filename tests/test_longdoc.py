@@ -276,8 +276,11 @@ def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_pat
                                                               f'--out={tmp_path}/x.json'] + common[1:])
     assert "'base' is also in --runs" in error_of(capsys, [base, f'--reuse={tmp_path}/base.json',
                                                            f'--out={tmp_path}/x.json'] + common)
-    assert 'not a longdoc result' in error_of(capsys, [xl, f'--reuse={tmp_path}/nothing.json',
-                                                       f'--out={tmp_path}/x.json'] + common)
+    (tmp_path / 'other.json').write_text('{"labels": {}}')
+    assert "not a longdoc result (no 'runs')" in error_of(capsys, [xl, f'--reuse={tmp_path}/other.json',
+                                                                   f'--out={tmp_path}/x.json'] + common)
+    assert 'cannot read it' in error_of(capsys, [xl, f'--reuse={tmp_path}/nothing.json',
+                                                 f'--out={tmp_path}/x.json'] + common)
 
 
 def test_eval_mem_len_and_splits(runs, tmp_path):
