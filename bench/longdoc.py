@@ -641,9 +641,9 @@ def main(argv=None):
         cfg = common.parse(gather_runs_flags(argv), LongDocConfig)
         labels = parse_runs(cfg.runs)
         reused = read_reused(cfg.reuse, labels) if cfg.reuse else {}
-        if cfg.baseline and cfg.baseline not in {**labels, **reused.get('labels', {})}:
-            raise train.UserError(f"--baseline={cfg.baseline} is not a label of --runs or --reuse "
-                                  f"({', '.join(list(labels) + list(reused.get('labels', {})))})")
+        known = list(labels) + list(reused.get('labels', {}))
+        if cfg.baseline and cfg.baseline not in known:
+            raise train.UserError(f"--baseline={cfg.baseline} is not a label of --runs or --reuse ({', '.join(known)})")
         parse_buckets(cfg.buckets)
         device, device_type = common.setup(cfg.device)
         dtype = train.resolve_dtype(cfg.dtype, device_type)

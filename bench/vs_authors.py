@@ -240,8 +240,7 @@ class Entry:
             ret, _, _, kl = self.fn(x, y, *self.memory, doc_final=True)
             loss = ret[0] + (1e-6 * kl.float().mean() if kl is not None else 0.0)
         else:
-            ret = self.fn(x, y, *self.memory)
-            ret = ret[0] if isinstance(ret, tuple) else ret  # LaMemo returns (list, analysis) outside training
+            ret = self.fn(x, y, *self.memory)              # in training mode both return one list
             loss = ret[0].float().mean()
         self.memory = ret[2:] if self.pair == 'lamemo' else ret[1:]   # LaMemo: [loss, mem_loss] + mems
         return loss
