@@ -22,7 +22,7 @@ demo: data
 	$(PYTHON) sample.py --out_dir=out-demo --start="ROMEO. " --max_new_tokens=200 --seed=1
 
 test: install-test
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q tests lab/tests
 
 clean:
 	rm -rf out-demo

@@ -24,16 +24,25 @@ class UserError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
 
 
+def _model_modules():
+    """{name: module path}: the papers' model_<name>.py at the top, and lab/model_<name>.py, the probes outside
+    the papers (subclasses of a paper's model), which --model= selects the same way."""
+    found = {p.stem[len('model_'):]: p.stem for p in REPO.glob('model_*.py')}
+    found.update({p.stem[len('model_'):]: f'lab.{p.stem}' for p in (REPO / 'lab').glob('model_*.py')})
+    return found
+
+
 def available_models():
-    return sorted(p.stem[len('model_'):] for p in REPO.glob('model_*.py'))
+    return sorted(_model_modules())
 
 
 def import_model(name):
-    if name not in available_models():
-        raise UserError(f"unknown model {name!r}; available: {', '.join(available_models())}")
+    modules = _model_modules()
+    if name not in modules:
+        raise UserError(f"unknown model {name!r}; available: {', '.join(sorted(modules))}")
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    return importlib.import_module(f'model_{name}')
+    return importlib.import_module(modules[name])
 
 
 def read_config_file(path):

@@ -1,0 +1,1 @@
+"""The lab: probes and investigations outside the papers (see lab/LOG.md)."""
