@@ -19,8 +19,6 @@ sys.path.insert(0, str(ROOT / 'bench'))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-import diagnose  # noqa: E402
-import inductor_bool_store  # noqa: E402
 import plot  # noqa: E402
 import recall  # noqa: E402
 import scaling  # noqa: E402
@@ -119,25 +117,6 @@ def test_benchmarks_compile_with_static_shapes(monkeypatch):
     for module in (speed, scaling):
         source = inspect.getsource(module)
         assert 'common.compile_model(' in source and 'torch.compile(' not in source
-
-
-def test_inductor_bool_store_times_every_case_three_ways(monkeypatch, tmp_path, capsys):
-    """bench/inductor_bool_store.py: each case eager, compiled, and compiled with inductor's vectorisation off
-    (torch.compile is stubbed here: the test checks what is asked of it and what is written, not inductor)."""
-    calls = []
-    monkeypatch.setattr(torch, 'compile', lambda fn, **kw: calls.append(kw) or fn)
-    out = tmp_path / 'bool_store.json'
-    inductor_bool_store.main(['--n=64', '--rounds=2', f'--out={out}'])
-    r = json.loads(out.read_text())
-    assert set(r['results']) == set(inductor_bool_store.CASES) and r['n'] == 64
-    for modes in r['results'].values():
-        assert modes['compile / eager time'] == pytest.approx(modes['compile'] / modes['eager'])
-        assert modes['eager'] > 0 and modes['compile, no vectorisation'] > 0
-    n = len(inductor_bool_store.CASES)
-    assert calls == [{'dynamic': False, 'options': {}}, {'dynamic': False, 'options': {'cpp.simdlen': 0}}] * n
-    with pytest.raises(SystemExit):
-        inductor_bool_store.main(['--rounds=0'])
-    assert 'must be >= 1' in capsys.readouterr().err
 
 
 def test_speed_peak_matrix_size_by_device():
@@ -546,110 +525,6 @@ def test_recall_merge_combines_seeds_and_variants(tmp_path):
         recall.merge_results([one, result(tmp_path / 'other.json', [4], columns=('1', '4'))])
 
 
-def test_diagnose_gate_history_reads_the_logged_gates(tmp_path):
-    """gate_history: evenly spaced rows of the logged σ(β), the first and the last included, lines without gates
-    skipped; no log, no rows."""
-    rows = [{'step': 10 * i, 'train/gate_head': [i / 100, 1 - i / 100]} for i in range(1, 21)]
-    lines = [json.dumps(r) for r in rows] + [json.dumps({'step': 200, 'validation/loss': 1.0})]
-    (tmp_path / 'log.jsonl').write_text('\n'.join(lines) + '\n')
-    history = diagnose.gate_history(tmp_path, n_points=4)
-    assert [step for step, _ in history] == [10, 70, 140, 200]
-    assert history[-1][1] == [0.2, 0.8]
-    assert diagnose.gate_history(tmp_path, n_points=50) == [(r['step'], r['train/gate_head']) for r in rows]
-    assert diagnose.gate_history(tmp_path / 'none') == []
-
-
-def test_diagnose_weights_reproduce_the_infini_memory_read():
-    """Σ_j w_j v_j over the tokens in memory, with diagnose's weights, is the model's own A_mem (Eq. 7) for the ASK
-    query, at every layer; the weights are a distribution; the key's share is a number in [0, 1]."""
-    import model_infini
-    model, c = common.build(dict(TINY_VARIANTS['infini_linear'], seg_len=32))
-    model.eval()
-    with torch.no_grad():            # keys far from 0, where σ = ELU + 1 is not linear (init keys are ~0.02)
-        for layer in model.layers:
-            layer.attn.qkv_net.weight.mul_(50)
-    body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 40, c.seg_len)   # 2 segments: 1 in memory
-    body = body % c.vocab_size
-    ask = len(body) - 6
-    reads = diagnose.memory_read_weights(model, body, c.seg_len, [ask])
-    both = diagnose.memory_read_weights(model, body, c.seg_len, [ask - 1, ask])        # several queries, one pass
-    assert set(reads) == set(range(c.n_layer))
-    for n, (w, v, M, z) in reads.items():
-        assert w.shape == (c.n_head, 1, c.seg_len)
-        torch.testing.assert_close(both[n][0][:, 1:], w, atol=1e-6, rtol=1e-5)
-        w = w[:, 0]
-        assert w.shape == (c.n_head, c.seg_len) and torch.allclose(w.sum(-1), torch.ones(c.n_head))
-        h = {}
-        hook = model.layers[n].attn.register_forward_hook(lambda m, a, o: h.__setitem__('x', a[0]))
-        with torch.no_grad():
-            _, _, memory, _ = model(torch.as_tensor(body[None, :c.seg_len]), model.init_memory(1, 'cpu'))
-            model(torch.as_tensor(body[None, c.seg_len:]), memory)          # h['x']: this segment's layer input
-        hook.remove()
-        attn = model.layers[n].attn
-        x = attn.layer_norm(h['x']) if attn.pre_lnorm else h['x']
-        q = attn.qkv_net(x).view(1, c.seg_len, 3, c.n_head, c.d_head)[0, ask - c.seg_len, 0]      # (H, D)
-        a_mem = model_infini.memory_retrieve(model_infini.sigma(q)[None, :, None], M, z,
-                                             torch.ones(1, 1, 1, 1, dtype=torch.bool))[0, :, 0]   # (H, D)
-        torch.testing.assert_close((w[..., None] * v).sum(1), a_mem, atol=1e-5, rtol=1e-4)
-    shares, contrast, uniform = diagnose.key_share(model, 40, n_episodes=2)
-    assert uniform == 5 / 32 and all(((s >= 0) & (s <= 1)).all() for s in shares.values())
-    assert all(((c >= 1) & (c <= 32)).all() for c in contrast.values())      # max weight / (1/32) of 32 tokens
-
-
-@pytest.mark.parametrize('ltm_read', ['continuous', 'discrete'])
-def test_diagnose_ltm_read_is_the_infformers_own(ltm_read):
-    """The ∞-former's stages: ltm_trace's record of the ASK segment, read as diagnose reads it (ltm_read_states:
-    r = Bᵀ E_p[ψ], or Σ_m p_m X̄(m/M) with the discrete read; then W^V per head), gives the LTM values that
-    segment's attention took (Eq. 11, the o_net input), at every layer; the stage means are in range, one per
-    head, and {} while the key is in the STM."""
-    model, c = common.build(dict(model='infformer', vocab_size=64, n_layer=2, n_embd=32, n_head=2, d_head=16,
-                                 d_inner=64, seg_len=32, mem_len=32, n_basis=64, n_samples=64, basis_widths='0.01,0.05',
-                                 sigma_sq_min=1e-6, ltm_read=ltm_read))
-    model.eval()
-    body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 100, c.seg_len)   # 4 segments: the LTM is written
-    inputs, densities, memory = diagnose.ltm_trace(model, body)
-    assert int(memory.ltm_written[0]) > 0 and inputs[0].shape == (len(body), c.n_embd)
-    for n, layer in enumerate(model.layers):
-        seen = {}
-        hook = layer.attn.ltm.o_net.register_forward_hook(lambda m, a, o: seen.__setitem__('z', a[0]))
-        diagnose.ltm_trace(model, body)
-        hook.remove()
-        r = diagnose.ltm_read_states(model, n, densities, memory)               # (1, H, T, C)
-        w_v = layer.attn.ltm.value_net.weight.view(c.n_head, c.d_head, c.n_embd)
-        z = torch.einsum('bhtc,hdc->bthd', r, w_v).reshape(1, c.seg_len, -1)
-        torch.testing.assert_close(z, seen['z'], atol=1e-5, rtol=1e-4)
-    stages = diagnose.infformer_stages(model, 100, n_episodes=2)
-    assert set(stages) == {0, 1}
-    for d in stages.values():
-        assert -1 <= float(d['write_cos']) <= 1 and d['mu_error'].shape == d['mu'].shape == (c.n_head,)
-        assert bool(((d['mu'] >= 0) & (d['mu'] <= 1)).all())
-        assert 0 < float(d['gate_digits']) < 1
-    assert diagnose.infformer_stages(model, 20, n_episodes=2) == {}           # the key is still in the STM
-
-
-def test_diagnose_assoc_losses_separate_what_the_memory_carries():
-    """assoc_loss_by_kind: with no memory (the baseline) carrying and emptying it give the same losses; with a
-    memory (XL, the last 16 tokens of the previous segment) the predictions of later segments change."""
-    size = dict(vocab_size=recall.ASSOC_VOCAB, seg_len=64)
-    base, _ = common.build(dict(TINY_VARIANTS['baseline'], **size))
-    xl, _ = common.build(dict(TINY_VARIANTS['xl'], **size))
-    for model in (base, xl):
-        model.eval()
-    b = diagnose.assoc_loss_by_kind(base, n_segments=3, n_episodes=2)
-    assert b['carried'] == b['emptied'] and set(b['carried']) == {'pair', 'question key', 'value'}
-    x = diagnose.assoc_loss_by_kind(xl, n_segments=3, n_episodes=2)
-    assert all(v > 0 for v in x['carried'].values()) and x['carried'] != x['emptied']
-    infini, c = common.build(dict(TINY_VARIANTS['infini_linear'], **size))
-    shares, uniform = diagnose.assoc_pair_share(infini.eval(), depth=1, n_episodes=1)
-    assert uniform == 1 / 64 and all(s.shape == (c.n_head,) and ((s > 0) & (s < 1)).all() for s in shares.values())
-
-
-def test_diagnose_rejects_other_models_in_one_line(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        diagnose.main([])
-    assert e.value.code == 2 and 'usage' in capsys.readouterr().err
-
-
 # -----------------------------------------------------------------------------------------------------------
 # plot
 
@@ -679,45 +554,6 @@ def test_plot_loss_curves(tmp_path):
     out = plot.plot_loss(logs, tmp_path / 'loss.png')
     assert out.stat().st_size > 1000
 
-
-def test_ab_step_times_a_revision_against_the_working_tree(tmp_path, capsys):
-    """bench/ab_step.py: side A is the model file at a git revision with B's weights (the same logits when the file
-    has not changed since), both timed; a field or parameter the old file lacks, a bad revision or variant: one line."""
-    import subprocess
-    import ab_step
-    out = tmp_path / 'ab.json'
-    ab_step.main(['--variant=xl', '--rev=HEAD', '--size=demo', '--batch_size=1', '--warmup=0', '--rounds=1',
-                  f'--out={out}'])
-    r = json.loads(out.read_text())
-    assert r['seconds']['A'] > 0 and r['seconds']['B'] > 0
-    assert r['speedup'] == pytest.approx(r['seconds']['A'] / r['seconds']['B'])
-    model, _ = common.build(dict(model='xl', mem_len=8), **dict(TINY_MODELS['xl'], mem_len=8))
-    old = ab_step.same_weights(ab_step.module_at('HEAD', 'xl', tmp_path), model)
-    assert type(old).__module__ == 'model_xl_at_rev'
-    unchanged = subprocess.run(['git', 'diff', '--quiet', 'HEAD', '--', 'model_xl.py'], cwd=ROOT).returncode == 0
-    if unchanged:
-        idx = torch.randint(0, model.config.vocab_size, (2, 4))
-        logits = [m.eval()(idx, m.init_memory(2, 'cpu'))[0] for m in (old, model)]
-        assert torch.equal(*logits)
-    fields = [(f.name, f.type, f) for f in dataclasses.fields(model.config) if f.name != 'same_length']
-    older = type('Older', (), {'Config': dataclasses.make_dataclass('Config', fields), 'Model': None})
-    model.config.same_length = True                    # a non-default value of a field the older file lacks
-    with pytest.raises(common.train.UserError, match='no Config field same_length'):
-        ab_step.same_weights(older, model)
-    model.config.same_length = False
-    model.extra = torch.nn.Parameter(torch.zeros(1))   # a parameter the file at HEAD does not have
-    with pytest.raises(common.train.UserError, match='other parameters'):
-        ab_step.same_weights(ab_step.module_at('HEAD', 'xl', tmp_path), model)
-    capsys.readouterr()
-    fields = ab_step.parse_overrides('mem_len=8,same_length=true,clamp_len=0', {'model': 'xl', 'seg_len': 16})
-    assert fields == {'mem_len': 8, 'same_length': True, 'clamp_len': 0}
-    for bad in (['--variant=nope'], ['--rev=no-such-revision'], ['--rounds=0'], ['--overrides=nope=1'],
-                ['--overrides=mem_len=x'], ['--overrides=x'], ['--overrides=learning_rate=1']):
-        with pytest.raises(SystemExit) as e:
-            ab_step.main(bad + ['--size=demo'])
-        assert e.value.code == 2
-        err = capsys.readouterr().err.strip()
-        assert err.startswith('error:') and '\n' not in err, err
 
 
 def test_gpu_check_script_uses_flags_that_exist():

@@ -1,10 +1,10 @@
 """
 Why a memory does not recall the passkey (or the assoc pairs), for a checkpoint trained by bench/recall.py:
 
-    python bench/diagnose.py out-recall/passkey/infini_linear/seed1 --depths=96,384
-    python bench/diagnose.py out-recall/passkey/infformer/seed1 --depths=160,384
-    python bench/diagnose.py out-recall/assoc/infini_linear/seed1     # any model trained on the assoc task
-    python bench/diagnose.py out-recall/passkey/infini_linear/seed1 --depths=96 --init   # the same model at init
+    python lab/diagnose.py out-recall/passkey/infini_linear/seed1 --depths=96,384
+    python lab/diagnose.py out-recall/passkey/infformer/seed1 --depths=160,384
+    python lab/diagnose.py out-recall/assoc/infini_linear/seed1     # any model trained on the assoc task
+    python lab/diagnose.py out-recall/passkey/infini_linear/seed1 --depths=96 --init   # the same model at init
 
 Infini-attention (`memory_update=linear`): the share of the ASK position's memory read that falls on the key's 5
 digit tokens, per layer and head, next to the head's gate σ(β). The ∞-former: its long-term memory stage by stage
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))   # bench/common.py and the benchmarks
 import common  # noqa: E402
 import recall  # noqa: E402
 
@@ -233,7 +233,7 @@ def main(argv=None):
 
     def go(argv):
         if not argv or argv[0].startswith('--'):
-            raise common.train.UserError("usage: python bench/diagnose.py OUT_DIR [--depths=96,384] [--init]")
+            raise common.train.UserError("usage: python lab/diagnose.py OUT_DIR [--depths=96,384] [--init]")
         out_dir = Path(argv[0])
         depths = [int(d) for a in argv[1:] if a.startswith('--depths=') for d in a.split('=', 1)[1].split(',')]
         ckpt = common.train.load_checkpoint(out_dir / 'ckpt.pt', 'cpu')

@@ -1,11 +1,11 @@
 """
 torch.compile's CPU backend (inductor) writes bool tensors far more slowly than eager PyTorch: the minimal example
-behind compile / eager ratios below 1 in bench/README.md (issue 20). A compiled training graph saves bool masks for
+behind compile / eager ratios below 1 in bench/README.md. A compiled training graph saves bool masks for
 the backward pass (which entries of a ReLU, or of a clamp, let the gradient through), so every model with a
 feed-forward ReLU pays this, the no-memory baseline included.
 
-    python bench/inductor_bool_store.py                     # 2^20 float32 values, eager against compiled
-    python bench/inductor_bool_store.py --n=4096 --rounds=5 --out=/tmp/bool_store.json
+    python lab/inductor_bool_store.py                     # 2^20 float32 values, eager against compiled
+    python lab/inductor_bool_store.py --n=4096 --rounds=5 --out=/tmp/bool_store.json
 
 Each case runs eagerly, compiled (dynamic=False), and compiled with inductor's vectorisation off
 (config.cpp.simdlen = 0, scalar C++ loops), interleaved round by round; medians in milliseconds.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))   # bench/common.py and the benchmarks
 import common  # noqa: E402
 
 def relu_and_mask(x):
@@ -83,7 +83,7 @@ def main(argv=None):
                   f"{m['compile / eager time']:5.1f}x")
         common.write_json(cfg.out, {'n': cfg.n, 'rounds': cfg.rounds, 'cpu_capability':
                                     torch.backends.cpu.get_cpu_capability(), 'results': result},
-                          'bench/inductor_bool_store.py', argv)
+                          'lab/inductor_bool_store.py', argv)
     common.train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

@@ -1,13 +1,11 @@
 """
-bench/attention_reach.py (how far back a Transformer-XL checkpoint looks): the shares by distance equal a naive loop
+lab/attention_reach.py (how far back a Transformer-XL checkpoint looks): the shares by distance equal a naive loop
 over the captured softmax, every query's shares sum to 1, nothing lies beyond the memory plus the segment (nor
 beyond the segment without memory), a full memory is attended to; end to end on a trained checkpoint, and a
 checkpoint of another model is a one-line error.
 """
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +16,8 @@ from _train_util import TINY_XL, assert_one_line_error, flags, run_python
 from data.tokenizer import bytes_tokenizer
 from test_longdoc import dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))
-import attention_reach  # noqa: E402
-
-import model_xl  # noqa: E402
+import model_xl
+from lab import attention_reach
 
 
 def tiny(mem_len, seed=0):
@@ -94,9 +90,9 @@ def test_end_to_end_and_errors(tmp_path, capsys):
     np.testing.assert_allclose(np.sum(label['per_layer'], axis=-1), 1.0, atol=1e-9)
     np.testing.assert_allclose(np.sum(label['uniform']), 1.0, atol=1e-9)
     assert '| 0 |' in capsys.readouterr().out
-    r = run_python(['bench/attention_reach.py', f'--runs={tmp_path / "compressive"}'])
+    r = run_python(['lab/attention_reach.py', f'--runs={tmp_path / "compressive"}'])
     assert r.returncode == 2 and "model xl only" in r.stderr
     assert_one_line_error(r.stderr, 'compressive')
-    r = run_python(['bench/attention_reach.py', f'--runs={tmp_path / "xl"}', '--rows=0'])
+    r = run_python(['lab/attention_reach.py', f'--runs={tmp_path / "xl"}', '--rows=0'])
     assert r.returncode == 2
     assert_one_line_error(r.stderr, 'rows')

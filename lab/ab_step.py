@@ -1,11 +1,11 @@
 """
 A/B speed of one variant's training step: its model file as it was at a git revision (A) against the working tree
 (B), with the same weights, in one process, interleaved round by round, so a change to a model file is measured
-without the between-run noise of two speed.py runs (issue 20).
+without the between-run noise of two speed.py runs.
 
-    python bench/ab_step.py --variant=lamemo --rev=cd04404                   # byte level, the matched size
-    python bench/ab_step.py --variant=infformer_sticky --rev=cd04404 --vocab=0 --rounds=6   # GPT-2 vocabulary
-    python bench/ab_step.py --variant=infformer --overrides=sigma_sq_init=1e-4           # + Config fields
+    python lab/ab_step.py --variant=lamemo --rev=cd04404                   # byte level, the matched size
+    python lab/ab_step.py --variant=infformer_sticky --rev=cd04404 --vocab=0 --rounds=6   # GPT-2 vocabulary
+    python lab/ab_step.py --variant=infformer --overrides=sigma_sq_init=1e-4           # + Config fields
 
 Prints and writes the median step time of each side and B's speedup (A's time / B's). The A file must accept the
 variant's Config fields and load B's weights (strict): a change of parameters is not an A/B of speed.
@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))   # bench/common.py and the benchmarks
 import common  # noqa: E402
 import speed  # noqa: E402
 
@@ -111,7 +111,7 @@ def run(cfg, argv):
           f"per step: B is {speedup:.3f}x A")
     if cfg.out:
         common.write_json(cfg.out, {'config': dataclasses.asdict(cfg), 'seconds': seconds, 'speedup': speedup},
-                          'bench/ab_step.py', argv)
+                          'lab/ab_step.py', argv)
     return seconds, speedup
 
 

@@ -1,9 +1,9 @@
 """
 How many associative-recall pairs Infini-attention's compressive memory can give back, whatever the rest of the
-model learns (issue 15): the memory alone, trained on the assoc task of bench/recall.py in isolation.
+model learns: the memory alone, trained on the assoc task of bench/recall.py in isolation.
 
-    python bench/infini_capacity.py                                  # d_head 16 and 32, linear and delta, 3 seeds
-    python bench/infini_capacity.py --d_head=32 --rules=linear --steps=500
+    python lab/infini_capacity.py                                  # d_head 16 and 32, linear and delta, 3 seeds
+    python lab/infini_capacity.py --d_head=32 --rules=linear --steps=500
 
 The episodes are bench/recall.py's `assoc_episode` at depth d: d segments of 64 tokens (8 one-token pairs, SEP,
 27 questions "k? v", padding) are written into the memory, one segment per write, with model_infini.py's own
@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))   # bench/common.py and the benchmarks
 import common  # noqa: E402
 import model_infini as mi  # noqa: E402  (common puts the repository on sys.path)
 import recall  # noqa: E402
@@ -161,7 +161,7 @@ def main(argv=None):
                 acc = {d: [runs[s]['accuracy'][d] for s in seeds] for d in depths}
                 results[f'{rule}/d{d_head}'] = dict(runs=runs, mean={d: float(np.mean(a)) for d, a in acc.items()},
                                                     std={d: float(np.std(a)) for d, a in acc.items()})
-        common.write_json(cfg.out, {'results': results}, 'bench/infini_capacity.py', argv)
+        common.write_json(cfg.out, {'results': results}, 'lab/infini_capacity.py', argv)
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

@@ -1,13 +1,13 @@
 """
-How much of one token the ∞-former's long-term memory still holds k segments after writing it (issue 15), from the
+How much of one token the ∞-former's long-term memory still holds k segments after writing it, from the
 LTM's write alone: no training, no model weights. model_infformer.py's own regression (Eq. 5 on N Gaussian RBFs,
 ridge_matrix) and unbounded update (Eqs. 13-15: at every write the old signal is read at M points and squeezed into
 [0, τ], the L new vectors go into ]τ, 1]) are run on random vectors; the CNN gate is the identity. What a trained
 model's read-out can fetch is at most what is measured here, so a depth where this is low is resolution-limited
 whatever the training.
 
-    python bench/ltm_resolution.py                                   # every setting, N sweep
-    python bench/ltm_resolution.py --n_basis=64,256 --depths=8 --setting=recall
+    python lab/ltm_resolution.py                                   # every setting, N sweep
+    python lab/ltm_resolution.py --n_basis=64,256 --depths=8 --setting=recall
 
 Per depth k (writes since the token's own; k = 0 is the segment just written), over the L tokens of that segment:
 - rbf_per_token: the width the token holds in [0, 1], (1 - τ) τ^k / L, over the spacing of the RBF centres;
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))   # bench/common.py and the benchmarks
 import common  # noqa: E402
 import model_infformer as mif  # noqa: E402  (common puts the repository on sys.path)
 import train  # noqa: E402
@@ -136,7 +136,7 @@ def main(argv=None):
                     print(f"  {k:2d}  {r['token_width']:11.5f}  {r['rbf_per_token']:10.3f}  {r['recon_cos']:9.3f}  "
                           + '  '.join(f"{r[c]:{len(c)}.3f}" for c in cols))
         common.write_json(cfg.out, {'results': results},
-                          'bench/ltm_resolution.py', argv)
+                          'lab/ltm_resolution.py', argv)
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

@@ -1,21 +1,17 @@
 """
-bench/ltm_resolution.py (how much of one token the ∞-former's LTM holds k writes later): its simulated write is the
+lab/ltm_resolution.py (how much of one token the ∞-former's LTM holds k writes later): its simulated write is the
 model's own (LongTermMemory.write with the gate off, step by step), the positions it reads at are where the
 unbounded update puts the tokens, and the measures behave: a sharp, dense basis identifies the newest tokens, the
 σ² floor 1e-4 blurs what 1e-6 resolves, and identification falls with depth.
 """
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import model_infformer as mif
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))
-import ltm_resolution  # noqa: E402
+from lab import ltm_resolution
 
 
 def small_config(**kw):
@@ -67,7 +63,7 @@ def test_bad_input_is_a_one_line_error(tmp_path):
     from _train_util import assert_one_line_error, run_python
     for args, fragment in ((['--setting=nope'], 'setting'), (['--n_basis=63'], 'n_basis'), (['--floors=a'], 'floors'),
                            (['--depths=0'], 'depths'), (['--tau=a'], 'tau'), (['--tau=1.5'], 'tau')):
-        r = run_python(['bench/ltm_resolution.py', f'--out={tmp_path}/x.json', *args])
+        r = run_python(['lab/ltm_resolution.py', f'--out={tmp_path}/x.json', *args])
         assert r.returncode == 2
         assert_one_line_error(r.stderr, fragment)
 

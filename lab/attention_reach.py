@@ -1,9 +1,9 @@
 """
-How far back a Transformer-XL checkpoint looks (issue 16): per layer, the share of its attention on keys at each
+How far back a Transformer-XL checkpoint looks: per layer, the share of its attention on keys at each
 distance behind the query, with the memory full. It tells the two reasons a longer memory can fail to pay apart:
 a memory the heads do not attend to is not used; a memory they attend to without a lower loss dilutes.
 
-    python bench/attention_reach.py --runs='xl:RUN,RUN;xl_mem512:RUN,RUN' --distances=128,256,640
+    python lab/attention_reach.py --runs='xl:RUN,RUN;xl_mem512:RUN,RUN' --distances=128,256,640
 
 --runs as in bench/longdoc.py (LABEL:RUN,RUN,...; a RUN is an out_dir or a checkpoint; a label's runs are seeds,
 averaged). Each checkpoint (model xl) is read in eval mode with the explicit softmax (use_sdpa=False) and
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))   # bench/common.py and the benchmarks
 import common  # noqa: E402
 import longdoc  # noqa: E402
 from common import train  # noqa: E402
@@ -137,7 +137,7 @@ def main(argv=None):
             result['labels'][label]['uniform'] = reads[0]['uniform']       # the same for every run of a label
             print('| uniform | ' + ' | '.join(f'{v:.3f}' for v in reads[0]['uniform']) + ' |')
         out = common.RESULTS / (f'attention_reach_{cfg.name}.json' if cfg.name else 'attention_reach.json')
-        common.write_json(out, result, 'bench/attention_reach.py', argv)
+        common.write_json(out, result, 'lab/attention_reach.py', argv)
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

@@ -1,21 +1,18 @@
 """
-bench/infini_capacity.py (how many assoc pairs Infini-attention's memory alone can give back): its memory is the
+lab/infini_capacity.py (how many assoc pairs Infini-attention's memory alone can give back): its memory is the
 linear-attention memory of Eqs. 3-4 (checked against a naive sum over every written token), its questions ask the
 pairs written `depth` segments back, detach_writes cuts the gradient into the writes only, and it learns.
 """
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import model_infini as mi
+from lab import infini_capacity as cap
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))
-import infini_capacity as cap  # noqa: E402
-import recall  # noqa: E402
+import recall  # noqa: E402  (bench/, which lab/infini_capacity.py puts on sys.path)
 
 
 def small(**kw):
