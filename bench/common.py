@@ -10,6 +10,8 @@ an error (a one-line message); `--strict=False` skips it with a note instead (a 
 
 import dataclasses
 import json
+import os
+import re
 import statistics
 import sys
 import time
@@ -226,13 +228,33 @@ def int_list(value, name='value'):
         raise train.UserError(f"--{name} takes comma-separated integers, got {value!r}") from None
 
 
+# An absolute path in a string: at its start or after a space, '=', ',', ';', ':' or a quote ('//', as in a URL, is
+# not one)
+ABSOLUTE_PATH = re.compile(r"""(?<![^\s=,;:"'])/(?!/)[^\s,;:"']+""")
+
+
+def relative_paths(value, root=REPO):
+    """value (JSON: dicts, lists, strings) with every absolute path in its strings and keys written relative to root,
+    the repository ('../out-demos/xl' for /work/out-demos/xl beside a repository at /work/main): a result names the
+    checkpoints, data and files it read and wrote from the repository, not as they were on the machine that ran it.
+    Relative paths are kept as given (relative to where the command ran: the repository in every documented one)."""
+    if isinstance(value, dict):
+        return {relative_paths(k, root): relative_paths(v, root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [relative_paths(v, root) for v in value]
+    if isinstance(value, str):
+        return ABSOLUTE_PATH.sub(lambda m: os.path.relpath(m.group(), root), value)
+    return value
+
+
 def write_json(path, payload, script, argv):
-    """The results as JSON, with the date, the torch version and the command that made them."""
+    """The results as JSON, with the date, the torch version and the command that made them; every path in them
+    relative to the repository (relative_paths)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'torch': torch.__version__,
                'threads': torch.get_num_threads(), 'command': ' '.join(['python', script] + list(argv)), **payload}
-    path.write_text(json.dumps(payload, indent=1) + '\n')
+    path.write_text(json.dumps(relative_paths(payload), indent=1) + '\n')
     print(f"wrote {path}")
     return path
 

@@ -30,6 +30,11 @@ MODELS = {name: dict(spec, sticky=False) if name == 'infformer' else spec for na
 LENGTHS = [37, 8, 9, 1, 2, 25, 17, 40]          # whole segments, a partial last one, 0 and 1 predicted tokens
 
 
+def key(run):
+    """How a result names a run: its path relative to the repository."""
+    return longdoc.common.relative_paths(str(run))
+
+
 def tiny_model(name, seed=0):
     spec = dict(MODELS[name])
     module = train.import_model(spec.pop('model'))
@@ -246,7 +251,7 @@ def test_end_to_end_on_checkpoints(runs, tmp_path, capsys):
         docs = longdoc.read_docs(data, 'validation')
         S, N, _ = longdoc.bucket_sums(longdoc.document_nll(model, docs.tokens, cfg.seg_len, 2, 'cpu'), docs.tokens,
                                       [4, 16, 64])
-        np.testing.assert_allclose(result['runs'][str(run)]['doc_nll_sums'], S, rtol=1e-9)
+        np.testing.assert_allclose(result['runs'][key(run)]['doc_nll_sums'], S, rtol=1e-9)
         sums.append(S.sum(0) / N.sum(0))
     assert buckets[1]['nll'] == pytest.approx((sums[0][1] + sums[1][1]) / 2)
     assert buckets[1]['nll_seed_std'] == pytest.approx(abs(sums[0][1] - sums[1][1]) / math.sqrt(2))
@@ -271,7 +276,7 @@ def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_pat
             assert a.keys() == b.keys()
             for k in a:
                 assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12), (label, k)
-    assert reused['runs'][str(out['base'][0])]['doc_nll_sums'] == together['runs'][str(out['base'][0])]['doc_nll_sums']
+    assert reused['runs'][key(out['base'][0])]['doc_nll_sums'] == together['runs'][key(out['base'][0])]['doc_nll_sums']
     assert 'other documents or buckets' in error_of(capsys, [xl, f'--reuse={tmp_path}/base.json', '--buckets=4,16',
                                                               f'--out={tmp_path}/x.json'] + common[1:])
     assert "'base' is also in --runs" in error_of(capsys, [base, f'--reuse={tmp_path}/base.json',
@@ -289,11 +294,33 @@ def test_eval_mem_len_and_splits(runs, tmp_path):
     longdoc.main([f"--runs={out['xl'][0]}", '--eval_mem_len=4', '--split=validation,test', '--max_tokens_per_doc=50',
                   '--max_docs=5', '--device=cpu', '--plot=False', f'--out={path}'])
     result = json.loads(path.read_text())
-    run = result['runs'][str(out['xl'][0])]
+    run = result['runs'][key(out['xl'][0])]
     assert run['mem_len'] == 4 and list(result['labels']) == ['xl-s1']
     assert [(d['split'], d['read']) for d in result['documents']] == [('validation', 50), ('validation', 50),
                                                                       ('validation', 50), ('validation', 4),
                                                                       ('test', 50)]
+
+
+def test_results_name_paths_relative_to_the_repository(runs, tmp_path):
+    """A result names its checkpoints, data and files relative to the repository, never by the absolute paths of the
+    machine that ran it: here runs, data and output lie outside the repository, given by absolute paths."""
+    data, out = runs
+    path = tmp_path / 'r.json'
+    longdoc.main([f"--runs=xl:{out['xl'][0]}", f'--data_dir={data}', '--max_docs=2', '--device=cpu', '--plot=False',
+                  f'--out={path}'])
+    text = path.read_text()
+    assert not any(s in text for s in ('"/', "'/", ' /', '=/', ':/', ',/', ';/')), text
+    result = json.loads(text)
+    repo = longdoc.common.REPO
+    (run, info), = result['runs'].items()
+    assert result['labels']['xl']['runs'] == [run] and (repo / run).resolve() == out['xl'][0].resolve()
+    assert (repo / info['checkpoint']).resolve() == (out['xl'][0] / 'ckpt.pt').resolve()
+    assert (repo / result['data_dir']).resolve() == data.resolve()
+    assert (repo / result['config']['out']).resolve() == path.resolve()
+    assert result['command'].endswith(f"--out={result['config']['out']}")
+    relative = longdoc.common.relative_paths
+    assert relative({f'{repo}/a': [f'x:{repo}/b,{repo}/c', 'see https://github.com/x/y', 'a / b']}) == \
+        {'a': ['x:b,c', 'see https://github.com/x/y', 'a / b']}
 
 
 def test_name_picks_the_results_file():
@@ -365,9 +392,9 @@ def test_cache_is_reused_and_invalidated(runs, tmp_path, capsys):
     longdoc.main(args + [f'--out={tmp_path}/2.json', '--buckets=8,32'])
     second = json.loads((tmp_path / '2.json').read_text())
     assert 'cached' in capsys.readouterr().out
-    assert second['runs'][str(run)]['doc_nll_sums'] != first['runs'][str(run)]['doc_nll_sums']  # other buckets
-    assert sum(map(sum, second['runs'][str(run)]['doc_nll_sums'])) == pytest.approx(
-        sum(map(sum, first['runs'][str(run)]['doc_nll_sums'])))
+    assert second['runs'][key(run)]['doc_nll_sums'] != first['runs'][key(run)]['doc_nll_sums']  # other buckets
+    assert sum(map(sum, second['runs'][key(run)]['doc_nll_sums'])) == pytest.approx(
+        sum(map(sum, first['runs'][key(run)]['doc_nll_sums'])))
     longdoc.main(args + [f'--out={tmp_path}/3.json', '--max_tokens_per_doc=20'])          # other documents
     assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 2
     st = (run / 'ckpt.pt').stat()
@@ -380,7 +407,7 @@ def test_cache_is_reused_and_invalidated(runs, tmp_path, capsys):
     assert 'cached' in capsys.readouterr().out
     longdoc.main(args + [f'--out={tmp_path}/7.json', '--reset_every=2'])        # other resets: read afresh
     assert 'cached' not in capsys.readouterr().out and len(list(run.glob('ckpt.pt.longdoc-*.npz'))) == 4
-    assert json.loads((tmp_path / '7.json').read_text())['runs'][str(run)]['reset_every'] == 2
+    assert json.loads((tmp_path / '7.json').read_text())['runs'][key(run)]['reset_every'] == 2
 
 
 @pytest.mark.parametrize('name', ['xl', 'infini'])
