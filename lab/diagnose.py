@@ -96,8 +96,8 @@ def key_share(model, depth, n_episodes=32, seed=0):
 def ltm_trace(model, body):
     """Run the episode `body` (tokens, a multiple of seg_len long) segment by segment through an ∞-former from an
     empty memory. -> (per layer its inputs over the whole episode (len(body), C), per layer the (μ, σ²) each
-    (1, H, seg_len) of the last segment's LTM attention with its inputs (queries, LTMRead), the memory after it: its ltm_B is the LTM that the last
-    segment read, written at its start)"""
+    (1, H, seg_len) of the last segment's LTM attention with its inputs (queries, LTMRead), the memory after it: its
+    ltm_B is the LTM that the last segment read, written at its start)"""
     T, n_layer = model.config.seg_len, model.config.n_layer
     inputs, densities = {n: [] for n in range(n_layer)}, {}
     hooks = [layer.register_forward_pre_hook(lambda m, a, n=n: inputs[n].append(a[0][0]))

@@ -65,7 +65,8 @@ class ResolutionConfig:
 
 def write_signal(config, segments):
     """The LTM after writing `segments` (list of (L, d) float64 tensors) one per step, oldest first, as the model
-    does with the gate off. -> (B (N, d), positions: per segment its tokens' positions in [0, 1] after the last write)"""
+    does with the gate off. -> (B (N, d), positions: per segment its tokens' positions in [0, 1] after the last
+    write)"""
     mu, sigma = mif.gaussian_basis(config.n_basis, config.widths)
     t_first, t_unbounded = mif.ridge_positions(config)
     G_first = mif.ridge_matrix(t_first, mu, sigma, config.ridge_lambda)
