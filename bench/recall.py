@@ -66,7 +66,7 @@ import common  # noqa: E402
 # of steps (bench/README.md)
 RECALL_SIZE = dict(vocab_size=64, n_layer=2, n_embd=64, n_head=2, d_head=32, d_inner=256, seg_len=64, init_std=0.1)
 RECALL_MEMORY = dict(mem_len=64, cmem_len=32, n_basis=64)      # window W = seg_len + mem_len = 128
-# the ∞-former's synthetic-task setting (config/infformer_sorting.py, the authors' sorting script)
+# the ∞-former's synthetic-task setting (the authors' sorting code; config/recall/infformer_sorting.py: their model)
 SYNTHETIC = {'infformer': dict(basis_widths='0.01,0.05', tau=0.75, ridge_lambda=1.0, sigma_sq_min=1e-6)}
 
 # passkey tokens: digit v at place j of the key is token 10 j + v (0 ... 49, see passkey_episode)

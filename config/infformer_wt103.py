@@ -1,14 +1,15 @@
-"""∞-former on WikiText-103 trained from scratch, the paper's §4.2 setting: Transformer-XL base (16 layers,
-d_model 410, 10 heads of 41, d_inner 2100, segment 150, STM 150) plus a long-term memory of N = 150 Gaussian RBFs
-per layer, with the authors' language-modelling basis widths {0.005, 0.01}, τ = 0.5 and ridge λ = 0.5 (their
-finetune_gpt2 long_term_attention.py), the CNN gate, and the KL regulariser toward σ₀ = 0.05 with weight 1e-6
-(their README's --kl_m; the KL is summed over layers as theirs). M = 150 samples: their code fixes M = 512, equal to
-their GPT-2 runs' N and L, so here M = N = L. Optimisation as config/xl_wt103.py (Adam 2.5e-4, cosine over 200k
-steps, clip 0.25, 60 streams per step). Not checked against the paper's appendix C.2 (the repository's copy of the
-paper lost it): τ and λ come from the authors' code. Their GPT-2 runs also empty the LTM every 2,048 tokens (the
-paper's "memory threshold"): --ltm_reset_len=2048.
-Differences from the paper: GPT-2 BPE tokens with a full softmax instead of the word vocabulary with adaptive
-input/softmax (compare word-level perplexity).
+"""∞-former on WikiText-103 trained from scratch. Not the paper's §4.2 experiment, which fine-tunes GPT-2 small
+(inputs of 512, N = 512 basis functions, a memory threshold of 2,048 tokens): here the ∞-former's long-term memory
+is added to Transformer-XL base (config/xl_wt103.py: 16 layers, d_model 410, 10 heads of 41, d_inner 2100, segment
+150, STM 150, u and v per layer) and the whole model trained from random weights, so it compares with that config.
+What it takes from the paper and the authors' code: N = 150 Gaussian RBFs per layer with their language-modelling
+basis widths {0.005, 0.01}, τ = 0.5 and ridge λ = 0.5 (finetune_gpt2 long_term_attention.py), the CNN gate, and
+the KL regulariser toward σ₀ = 0.05 with weight 1e-6 (their README's --kl_m; the KL is summed over layers as
+theirs). M = 150 samples: their code fixes M = 512, equal to their GPT-2 runs' N and L, so here M = N = L.
+Optimisation as config/xl_wt103.py (Adam 2.5e-4, cosine over 400k steps to 1e-6, clip 0.25, 60 streams per step).
+Not checked against the paper's appendix C.2 (the copy of the paper this project was given lacks it). Their GPT-2
+runs also empty the LTM every 2,048 tokens (the paper's "memory threshold"): --ltm_reset_len=2048.
+Tokens: GPT-2 BPE with a full softmax (config/xl_wt103.py's; compare word-level perplexity).
 
     python data/wikitext103/prepare.py
     torchrun --nproc_per_node=4 train.py config/infformer_wt103.py --batch_size=15
@@ -39,9 +40,9 @@ kl_weight = 1e-6
 sigma_0 = 0.05
 batch_size = 60
 learning_rate = 2.5e-4
-min_lr = 0.0
+min_lr = 1e-6
 warmup_iters = 0
-max_iters = 200000
+max_iters = 400000
 grad_clip = 0.25
 eval_interval = 4000
 eval_batch_size = 10

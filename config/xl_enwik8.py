@@ -1,7 +1,10 @@
-"""Transformer-XL on enwik8, the authors' 12-layer setting (kimiyoung/transformer-xl pytorch/run_enwik8_base.sh):
-12 layers, d_model 512, 8 heads of 64, d_inner 2048, dropout 0.1, dropatt 0, Adam lr 2.5e-4 with cosine decay to 0
-over 400k steps, no warm-up, clip 0.25, segment 512 / memory 512, 22 streams per step. The paper reports 1.06 bpc
-on the enwik8 test set for this 12-layer model (Table 2; 0.99 with 24 layers). Our CPU numbers are not that.
+"""Transformer-XL on enwik8 as the authors' PyTorch script trains its 12-layer model (kimiyoung/transformer-xl
+pytorch/run_enwik8_base.sh): 12 layers, d_model 512, 8 heads of 64, d_inner 2048, dropout 0.1, dropatt 0, one u, v
+pair shared by all layers (their PyTorch model's, and tf/scripts/enwik8_base_gpu.sh gives no --untie_r either),
+Adam lr 2.5e-4 with cosine decay to 0 over 400k steps, no warm-up, clip 0.25 (train.py's default), segment 512 /
+memory 512, 22 streams per step, an evaluation every 4,000 steps. (The TF script differs: 24 streams, decay to
+1e-6.) The paper reports 1.06 bpc on the enwik8 test set for this 12-layer model (Table 2; 0.99 with 24 layers).
+Our CPU numbers are not that.
 
 Evaluation during training: segments of 128 with the attention length kept (memory 512 + 512 - 128 = 896), as the
 authors' train.py does. Their final test evaluation (run_enwik8_base.sh eval) uses segments of 80, a memory of
@@ -29,6 +32,7 @@ dropout = 0.1
 dropatt = 0.0
 seg_len = 512
 mem_len = 512
+untie_r = False
 batch_size = 22
 learning_rate = 2.5e-4
 min_lr = 0.0
