@@ -13,7 +13,12 @@ import ast
 import dataclasses
 import difflib
 import importlib
+import inspect
+import io
+import math
 import sys
+import textwrap
+import tokenize
 import typing
 from pathlib import Path
 
@@ -86,41 +91,142 @@ def _convert(name, value, typ):
                 return False
             raise UserError(f"--{name} takes True or False, got {value!r}")
         try:
-            return typ(value)
+            converted = typ(value)
         except ValueError:
             raise UserError(f"--{name} takes {_article(typ)}, got {value!r}")
+        if typ is float and not math.isfinite(converted):
+            raise UserError(f"--{name} takes a finite float, got {value!r}")
+        return converted
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise UserError(f"{name} takes {_article(typ)}, got {value!r}")
+    if typ is float and not math.isfinite(value):
+        raise UserError(f"{name} takes a finite float, got {value!r}")
     return value
 
 
-# Flags whose mechanism left a model file for a file of its own: (model module, flag) -> the one-line error.
-MOVED_FLAGS = {('model_xl', 'lookahead'): "--lookahead is gone from model_xl.py: LaMemo is --model=lamemo now"}
+# -----------------------------------------------------------------------------------------------------------
+# --help: every flag, its default and the comment after it in the dataclass's source
+
+HELP_FLAGS = ('--help', '-h')
 
 
-def parse_args(argv, train_cls, allow_model_fields=True):
-    """argv -> (train_cls config, model module, model config, names the user set). Config files first, then flags.
-    train_cls: the script's dataclass of flags (train.py's TrainConfig, sample.py's SampleConfig, a benchmark's);
-    allow_model_fields: also accept the fields of model_<--model>.py's Config."""
+def field_comments(cls):
+    """{field: (section, comment)} from the source of dataclass cls (and of the dataclasses it inherits from).
+    comment: the `# ...` after the field, joined with the comment-only lines below it that are indented further
+    (continuations); section: a comment-only line at the fields' own indentation just above it, else ''."""
+    found = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):                               # defined where no source is at hand
+            continue
+        comments, code = {}, set()                                 # line -> (column, text); lines with code
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = (tok.start[1], tok.string.lstrip('#').strip())
+            elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+                code.add(tok.start[0])
+        last = 0                                                   # the last line that belongs to a field
+        for node in ast.parse(source).body[0].body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            above = [text for line, (col, text) in sorted(comments.items())
+                     if last < line < node.lineno and line not in code and col <= node.col_offset]
+            parts = [comments[node.end_lineno][1]] if node.end_lineno in comments else []
+            last = node.end_lineno
+            while (last + 1 in comments and last + 1 not in code
+                   and comments[last + 1][0] > node.col_offset):       # a continuation of the comment
+                last += 1
+                parts.append(comments[last][1])
+            comment = ' '.join(p for p in parts if p).replace('- ', '-') if parts else ''
+            found[node.target.id] = (above[-1] if above else '', comment)
+    return found
+
+
+def _shown(value):
+    """A default as it would be typed after --name= (quoted where a shell or the eye would lose it)."""
+    if isinstance(value, str) and (not value or not value.isprintable() or ' ' in value):
+        return repr(value)
+    return str(value)
+
+
+def _flag_lines(cls):
+    comments = field_comments(cls)
+    rows = []                                                          # (section, flag, comment)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            flag = f'--{f.name}={_shown(f.default)}'
+        elif f.default_factory is not dataclasses.MISSING:
+            flag = f'--{f.name}={_shown(f.default_factory())}'
+        else:
+            flag = f'--{f.name}=  (required)'
+        rows.append((*comments.get(f.name, ('', '')), flag))
+    width = min(max((len(flag) for _, _, flag in rows), default=0), 40)
+    lines = []
+    for section, comment, flag in rows:
+        if section:
+            lines.append(f'  # {section}')
+        lines.append(f'  {flag:<{width}}  {comment}'.rstrip())
+    return lines
+
+
+def help_text(argv, train_cls, allow_model_fields=True):
+    """Usage, the script's summary, then every flag of train_cls (and, with allow_model_fields, of the Config of
+    the model that argv's --model= or config file chooses) with its default and its comment."""
+    script = sys.modules.get(train_cls.__module__)
+    path = Path(getattr(script, '__file__', None) or sys.argv[0])
+    summary = ((getattr(script, '__doc__', None) or '').strip().split('\n\n') or [''])[0]
+    lines = [f"usage: python {path.name} [config/*.py ...] [--name=value ...]", '']
+    if summary:
+        lines += [summary, '']
+    lines += [f"{path.name} flags ({train_cls.__name__}):", *_flag_lines(train_cls)]
+    if allow_model_fields:
+        name = model_name(read_overrides(argv), train_cls)
+        module = import_model(name)
+        lines += ['', f"--model={name} flags ({module.__name__.replace('.', '/')}.py Config):",
+                  *_flag_lines(module.Config)]
+    lines += ['', "Config files hold `name = literal` lines; flags given after them override them."]
+    return '\n'.join(lines)
+
+
+def read_overrides(argv):
+    """{name: value} from config files (literals) and --name=value flags (strings), later ones winning."""
     overrides = {}
     for arg in argv:
         if arg.startswith('--'):
             if '=' not in arg:
-                raise UserError(f"flags are written --name=value, got {arg!r}")
+                raise UserError(f"flags are written --name=value, got {arg!r} (--help lists them)")
             key, value = arg[2:].split('=', 1)
             overrides[key.replace('-', '_')] = value
         elif arg.endswith('.py'):
             overrides.update(read_config_file(arg))
         else:
             raise UserError(f"unexpected argument {arg!r} (expected a config/*.py file or --name=value)")
+    return overrides
 
+
+def model_name(overrides, train_cls):
+    """The --model the arguments choose (a config file's or a flag's), else train_cls's default."""
+    return str(overrides.get('model', {f.name: f for f in dataclasses.fields(train_cls)}['model'].default))
+
+
+def parse_args(argv, train_cls, allow_model_fields=True):
+    """argv -> (train_cls config, model module, model config, names the user set). Config files first, then flags.
+    train_cls: the script's dataclass of flags (train.py's TrainConfig, sample.py's SampleConfig, a benchmark's);
+    allow_model_fields: also accept the fields of model_<--model>.py's Config.
+    --help (or -h) anywhere prints every flag with its default and comment (help_text), then exits with status 0."""
+    if any(arg in HELP_FLAGS for arg in argv):
+        print(help_text([arg for arg in argv if arg not in HELP_FLAGS], train_cls, allow_model_fields))
+        sys.exit(0)
+    overrides = read_overrides(argv)
     train_fields = {f.name: f for f in dataclasses.fields(train_cls)}
     module, model_fields = None, {}
     if allow_model_fields:
-        model_name = overrides.get('model', train_fields['model'].default)
-        module = import_model(str(model_name))
+        module = import_model(model_name(overrides, train_cls))
         model_fields = {f.name: f for f in dataclasses.fields(module.Config)}
     train_types = typing.get_type_hints(train_cls)
     model_types = typing.get_type_hints(module.Config) if module else {}
@@ -132,8 +238,6 @@ def parse_args(argv, train_cls, allow_model_fields=True):
         elif key in model_fields:
             model_kw[key] = _convert(key, value, model_types[key])
         else:
-            if module is not None and (module.__name__, key) in MOVED_FLAGS:
-                raise UserError(MOVED_FLAGS[module.__name__, key])
             known = list(train_fields) + list(model_fields)
             close = difflib.get_close_matches(key, known, n=1)
             hint = f" (did you mean --{close[0]}?)" if close else ""

@@ -55,7 +55,8 @@ def copy_run(src, tmp_path):
 
 
 def run_main(argv, capsys):
-    """train.main in-process -> (exit code, stdout, stderr); user errors must exit with 2."""
+    """train.main in-process -> (exit code, stdout, stderr of this call); user errors must exit with 2."""
+    capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
         train.main(argv)
     out, err = capsys.readouterr()
@@ -97,10 +98,12 @@ def comparable(ckpt):
     return {k: v for k, v in ckpt.items() if k != 'train_config'}
 
 
-def test_sigint_saves_a_checkpoint_and_exits_0_then_resumes(tmp_path, data_dir):
-    """Ctrl-C during training: the step finishes, ckpt.pt is written, exit 0; --init_from=resume continues."""
+def test_sigint_saves_a_checkpoint_exits_130_then_resumes_exactly(tmp_path, data_dir):
+    """Ctrl-C during training: the step finishes, ckpt.pt is written, exit status 130; --init_from=resume continues
+    as if nothing had happened (bit-identical to a straight run)."""
     out_dir = tmp_path / 'out'
-    args = flags(data_dir, out_dir, max_iters=100000, eval_interval=100000, log_interval=1)
+    schedule = dict(lr_decay_iters=1000, dropout=0.1)                # the same learning rates whatever max_iters
+    args = flags(data_dir, out_dir, max_iters=100000, eval_interval=100000, log_interval=1, **schedule)
     proc = subprocess.Popen([sys.executable, 'train.py'] + args, cwd=ROOT, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -115,16 +118,17 @@ def test_sigint_saves_a_checkpoint_and_exits_0_then_resumes(tmp_path, data_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130, err
     assert 'Traceback' not in err
     assert 'continue with --init_from=resume' in out
     ckpt = load(out_dir / 'ckpt.pt')
     stopped = ckpt['step']
     assert 2 <= stopped < 100000 and ckpt['data_position'] == stopped
     assert read_log(out_dir)[-1]['step'] == stopped
-    result = train.train(flags(data_dir, out_dir, max_iters=stopped + 2, init_from='resume'))
+    result = train.train(flags(data_dir, out_dir, max_iters=stopped + 2, init_from='resume', **schedule))
     assert result['step'] == stopped + 2
-    assert load(out_dir / 'ckpt.pt')['data_position'] == stopped + 2
+    train.train(flags(data_dir, tmp_path / 'straight', max_iters=stopped + 2, **schedule))
+    assert_identical(comparable(load(out_dir / 'ckpt.pt')), comparable(load(tmp_path / 'straight' / 'ckpt.pt')))
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -311,7 +315,7 @@ def test_atomic_save_keeps_the_old_checkpoint_when_writing_fails(tmp_path, monke
         raise OSError(28, 'No space left on device')                # ...then the disk is full
 
     monkeypatch.setattr(torch, 'save', failing_save)
-    with pytest.raises(OSError):
+    with pytest.raises(train.UserError, match='No space left on device'):
         train.save_checkpoint({'format': train.CKPT_FORMAT, 'step': 2, 'w': torch.zeros(1000)}, path)
     assert path.read_bytes() == before
     assert load(path)['step'] == 1
@@ -677,42 +681,35 @@ def test_flag_values_are_typed():
     assert model_cfg.dropout == 0.25 and model_cfg.same_length is True
 
 
-def test_train_leaves_the_sigint_handler_as_it_found_it(data_dir, tmp_path):
-    """train() called in-process (a notebook, this test suite) must not leave its Ctrl-C handler installed:
-    afterwards the first Ctrl-C would be swallowed by a finished run."""
-    before = signal.getsignal(signal.SIGINT)
+def test_train_leaves_the_signal_handlers_as_it_found_them(data_dir, tmp_path):
+    """train() called in-process (a notebook, this test suite) must not leave its Ctrl-C / SIGTERM handlers
+    installed: afterwards the first Ctrl-C would be swallowed by a finished run."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     train.train(flags(data_dir, tmp_path / 'out', max_iters=1))
-    assert signal.getsignal(signal.SIGINT) is before
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 10. LaMemo left model_xl.py (issue 17): the old flag and the old checkpoints
+# 10. LaMemo left model_xl.py: the old flag and the old checkpoints are one line that says what to do
 
 
-def test_lookahead_flag_on_xl_points_to_lamemo(data_dir, tmp_path, capsys):
+def test_lookahead_flag_on_xl_is_a_one_line_error(data_dir, tmp_path, capsys):
     code, _, err = run_main(flags(data_dir, tmp_path / 'out', lookahead=True), capsys)
     assert code == 2
-    assert_one_line_error(err, '--lookahead', '--model=lamemo')
+    assert_one_line_error(err, '--lookahead')
 
 
 @pytest.mark.parametrize('lookahead', [True, False])
-def test_checkpoints_from_before_the_move_load(lookahead, data_dir, tmp_path):
-    """A checkpoint written by model_xl.py with lookahead=True (model_name 'xl', fields lookahead and use_sdpa)
-    loads as model 'lamemo'; with lookahead=False as plain 'xl' without the field. Same weights, same logits."""
-    model = dict(TINY_XL, n_layer=2, model='lamemo' if lookahead else 'xl')
-    if lookahead:
-        model.pop('use_sdpa', None)
-    out_dir = tmp_path / 'new'
-    train.train(flags(data_dir, out_dir, model, max_iters=1))
+def test_checkpoints_from_before_the_move_are_one_line_errors(lookahead, data_dir, tmp_path, capsys):
+    """A checkpoint written by model_xl.py with its lookahead field (model_name 'xl'; with lookahead=True it holds
+    a LaMemo model) is no longer upgraded: resuming or loading it says what to do, in one line."""
+    out_dir = tmp_path / 'out'
+    train.train(flags(data_dir, out_dir, max_iters=1))
     ckpt = load(out_dir / 'ckpt.pt')
-    old = dict(ckpt, model_name='xl', model_config=dict(ckpt['model_config'], lookahead=lookahead,
-                                                        **({'use_sdpa': True} if lookahead else {})))
-    torch.save(old, tmp_path / 'old.pt')
-    upgraded = train.load_checkpoint(tmp_path / 'old.pt')
-    assert upgraded['model_name'] == ('lamemo' if lookahead else 'xl')
-    assert upgraded['model_config'] == ckpt['model_config']
-    _, _, a = train.model_from_checkpoint(ckpt)
-    _, _, b = train.model_from_checkpoint(upgraded)
-    x = torch.randint(0, 256, (2, 8))
-    a.eval(), b.eval()
-    assert torch.equal(a(x, a.init_memory(2, 'cpu'))[0], b(x, b.init_memory(2, 'cpu'))[0])
+    torch.save(dict(ckpt, model_config=dict(ckpt['model_config'], lookahead=lookahead)), out_dir / 'ckpt.pt')
+    code, _, err = run_main(flags(data_dir, out_dir, init_from='resume', max_iters=2), capsys)
+    assert code == 2
+    line = assert_one_line_error(err, 'made by model_xl.py', 'before LaMemo had its own file', 'commit b4b2c3e')
+    assert ('--model=lamemo' in line) == lookahead
+    with pytest.raises(train.UserError, match='commit b4b2c3e'):
+        train.load_checkpoint(out_dir / 'ckpt.pt')
