@@ -2,47 +2,33 @@
 Infini-attention (Munkhdalai, Faruqui and Gopal, 2024, "Leave No Context Behind: Efficient Infinite Context
 Transformers with Infini-attention", arXiv 2404.07143), in one file.
 
-The text is read one segment of `seg_len` tokens at a time. Every attention head of every layer does two things
-with the same queries, keys and values (§2.1):
-  1. Local attention. Causal softmax attention inside the segment (Eq. 2), with rotary positions (RoPE) on the
-     queries and keys. It sees nothing before the segment.
-  2. A compressive memory. A matrix M (d_key x d_value) and a normaliser z (d_key) that sum up every earlier
-     segment. With σ = ELU + 1 (§2.1.2) and the *unrotated* queries and keys:
+The text is read one segment of `seg_len` tokens at a time. Every head of every layer uses the same queries, keys
+and values twice (§2.1):
+  1. Local attention: causal softmax attention inside the segment (Eq. 2), RoPE on its queries and keys.
+  2. A compressive memory: a matrix M (D x D) and a normaliser z (D) that sum up every earlier segment. With
+     σ = ELU + 1 (§2.1.2) and the *unrotated* queries and keys:
        retrieve (Eq. 3):        A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1})
        update, linear (Eq. 4):  M_s = M_{s-1} + σ(K)ᵀ V,        z_s = z_{s-1} + Σ_t σ(K_t)
        update, delta (Eq. 5):   M_s = M_{s-1} + σ(K)ᵀ (V - σ(K) M_{s-1} / (σ(K) z_{s-1}))   (z as in Eq. 4)
      The segment retrieves first, then writes itself, so it reads only the segments before it.
 A learned scalar β per head mixes the two ("long-term context injection", Eq. 6):
        A = sigmoid(β) ⊙ A_mem + (1 - sigmoid(β)) ⊙ A_dot
-and the heads are concatenated and projected by W_O as usual (§2.1.2, the equation after Eq. 6). The memory is
-fixed-size, so the cost per token is the same however much has been read.
+and the heads are concatenated and projected by W_O (§2.1.2). Training (§3, §4.1) unrolls the memory over 16
+segments; the model never detaches it, train.py's `--bptt_segments=k` keeps the graph over k segments.
 
-Training (§3, §4.1): the paper unrolls the memory over 16 segments (inputs of 32,768 tokens, segments of 2,048)
-and backpropagates through it. Here the model never detaches the memory; train.py's `--bptt_segments=k` keeps
-the graph over k segments, then detaches (k = 1: only the current segment learns).
+Numbers are the paper's: Eq. 1 W_Q, W_K, W_V and Eq. 2 (§2.1.1); Eqs. 3-6 (§2.1.2), checked against quotations of
+its text. The multi-head output O = [A^1; ...; A^H] W_O is cited by section only (its number was not confirmed).
+SPEC §4 numbers retrieve/linear/delta/gate 7/8/9/10.
 
-Equation and section numbers are the paper's own (arXiv 2404.07143): Eq. 1 the projections W_Q, W_K, W_V and Eq. 2
-the local attention (§2.1.1); Eq. 3 retrieval, Eq. 4 the linear update, Eq. 5 Linear + Delta, Eq. 6 the gate (§2.1.2).
-Checked against quotations of the paper's text ("σ(K)ᵀV in Eq. (4)"; "A = sigmoid(β) ⊙ A_mem + ... (6)") and the
-order of §2.1.2; the number of the multi-head output (O = [A^1; ...; A^H] W_O) was not confirmed, so it is cited by
-section only. SPEC §4 numbers retrieve/linear/delta/gate 7/8/9/10; the paper's 3/4/5/6 are used here.
+Deviations and choices (also in the README):
+  - An empty memory (M = 0, z = 0: Eq. 3 is 0/0) retrieves 0, known from a token count (no epsilon); the gate stays.
+  - M and z are kept and computed in float32 with autocast off: a bf16 sum over thousands of tokens loses most terms.
+  - Post-LN as model_xl.py (`pre_lnorm` for pre-LN); GPT-2 BPE, scaled tied embeddings, N(0, init_std) init.
+  - β's initialisation and learning rate are not given: `gate_init`, `gate_lr_mult` (see Model.lr_multipliers).
+  - σ is floored at SIGMA_FLOOR and has a hand-written backward (see Sigma).
 
-Reading order: Config → Memory → small blocks (copied between model files on purpose) → rotary positions →
-the compressive memory (σ, retrieve, update) → Infini-attention → block → model (init, forward, generate).
-
-Deliberate deviations and choices (also listed in the README):
-  - The first segment (and a row whose memory was emptied) has M = 0, z = 0, so Eq. 3 is 0/0. The memory keeps a
-    count of the tokens written into it, and retrieval from an empty memory is defined as 0 (no epsilon: an
-    epsilon would also bend every later retrieval). The gate still applies there: A = (1 - sigmoid(β)) A_dot.
-  - M and z are kept and computed in float32 (the parameters' dtype) with autocast switched off, also under bf16
-    autocast: a sum over thousands of tokens in bf16 (8 mantissa bits) drops most of what is added to it.
-  - Post-LN as Transformer-XL (`pre_lnorm=False`, so the demo compares with model_xl.py), pre-LN behind a flag;
-    GPT-2 BPE tokens, scaled tied embeddings, N(0, init_std) initialisation: as model_xl.py.
-  - The paper does not say how β is initialised or how fast it learns; `gate_init` and `gate_lr_mult` expose
-    both (see `lr_multipliers` for why the multiplier matters).
-  - `feature_scale` s (1, the paper, by default) reads and writes with σ(s Q), σ(s K): an ablation, not the paper.
-    At s = 1 and this init, σ(q)·σ(k_j) hardly varies with j, so a read starts as the average of everything written
-    (bench/README.md, recall); a larger s makes σ nearly 0 on negative coordinates, a sparser, sharper kernel.
+Letters: B rows, T tokens of a segment (or of a generate() step), S tokens before them in the open segment, H heads,
+D = d_head, C = n_embd, L layers. tests/test_infini.py checks every layer against a per-token, per-head reference.
 """
 
 import math
@@ -68,7 +54,6 @@ class Config:
     memory_update: str = 'linear'  # 'linear' (Eq. 4) or 'delta' (Eq. 5, "Linear + Delta")
     gate_init: float = 0.0    # initial β of every head: sigmoid(0) = 0.5 mixes memory and local attention evenly
     gate_lr_mult: float = 100.0  # β's learning rate = learning_rate * gate_lr_mult (see Model.lr_multipliers)
-    feature_scale: float = 1.0  # the memory's σ(s Q), σ(s K) (Eqs. 3-5); 1 = the paper (an ablation, see above)
     rope_base: float = 10000.0  # RoPE θ_i = rope_base^(-2i/d_head) on the local attention's queries and keys
     pre_lnorm: bool = False   # False: post-LN (as model_xl.py); True: pre-LN (+ final LayerNorm)
     init_std: float = 0.02    # normal init of weights, as model_xl.py
@@ -80,26 +65,18 @@ class Config:
         for name in ('dropout', 'dropatt'):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.memory_update not in ('linear', 'delta'):
-            raise ValueError(f"memory_update must be 'linear' or 'delta', got {self.memory_update!r}")
-        if self.d_head % 2:
-            raise ValueError(f"d_head must be even (RoPE rotates pairs of dimensions), got {self.d_head}")
-        if not self.gate_lr_mult >= 0.0:
-            raise ValueError(f"gate_lr_mult must be >= 0, got {self.gate_lr_mult}")
-        if not (math.isfinite(self.feature_scale) and self.feature_scale > 0.0):
-            raise ValueError(f"feature_scale must be > 0, got {self.feature_scale}")
-        if not math.isfinite(self.gate_init):
-            raise ValueError(f"gate_init must be finite, got {self.gate_init}")
-        if not self.rope_base > 0.0:
-            raise ValueError(f"rope_base must be > 0, got {self.rope_base}")
-        if not self.init_std > 0.0:
-            raise ValueError(f"init_std must be > 0, got {self.init_std}")
+        rules = {'memory_update': (self.memory_update in ('linear', 'delta'), "'linear' or 'delta'"),
+                 'd_head': (self.d_head % 2 == 0, "even (RoPE rotates pairs of dimensions)"),
+                 'gate_lr_mult': (self.gate_lr_mult >= 0.0, ">= 0"), 'rope_base': (self.rope_base > 0.0, "> 0"),
+                 'gate_init': (math.isfinite(self.gate_init), "finite"), 'init_std': (self.init_std > 0.0, "> 0")}
+        for name, (ok, rule) in rules.items():
+            if not ok:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
 @dataclass
 class Memory:
-    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once.
-    It is not detached here: train.py's bptt_segments decides how far gradient flows back through it."""
+    """Fixed-shape recurrent state (torch.compile compiles once), not detached: train.py's bptt_segments is."""
     M: torch.Tensor       # (n_layer, B, n_head, d_head, d_head) the associative matrix of each head, Eq. 4/5
     z: torch.Tensor       # (n_layer, B, n_head, d_head) the normaliser of each head, Σ σ(K_t)
     length: torch.Tensor  # (B,) int64, tokens written into the memory since the row was last emptied (0 = empty)
@@ -107,14 +84,296 @@ class Memory:
 
 @dataclass
 class OpenSegment:
-    """generate()'s segment from its first token until decode() closes it and it is written into the memory
-    (forward() takes a whole segment in one call). kv holds one entry per layer."""
+    """generate()'s segment until decode() closes it and it is written into the memory; kv: one entry a layer."""
     length: int              # t, the tokens so far (the next token's RoPE position)
     kv: list                 # (k_rot, k, v) each (B, H, t, D): cached keys (rotated and not), values; None at t = 0
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Small blocks. These are shared by design with the other model files, which copy them verbatim.
+# The compressive memory (§2.1.2). Everything here runs in the memory's dtype (float32) with autocast off.
+
+
+SIGMA_FLOOR = 1e-15   # σ's smallest value: σ(q)·z >= 1e-30 cannot underflow float32 (smallest normal 1.2e-38)
+
+
+class Sigma(torch.autograd.Function):
+    """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z.
+    Forward: relu(x) + exp(min(x, 0)), floored at SIGMA_FLOOR: F.elu(x) + 1 is exactly 0 in float32 below x ≈ -17,
+    and a query with every coordinate there would read 0/0 = NaN in Eq. 3.
+    Backward: dσ/dx = min(σ, 1), from the output alone (σ = 1e-15 below the floor, not 0). Autograd through the clamp
+    saves two bool masks, which inductor's CPU kernels store about 25x slower than eager (bench/README.md)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = F.relu(x) + torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, = ctx.saved_tensors
+        return grad * out.clamp(max=1.0)
+
+
+sigma = Sigma.apply
+
+
+def memory_retrieve(sigma_q, M, z, has_memory):
+    """Eq. 3: A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1}). sigma_q (B, H, T, D), M (B, H, D, D), z (B, H, D), has_memory
+    (B, 1, 1, 1) bool -> (B, H, T, D). An empty memory (0/0) divides by 1: 0, no NaN in the value or gradient."""
+    numerator = sigma_q @ M                                       # (B, H, T, D), 0 for an empty memory
+    denominator = sigma_q @ z.unsqueeze(-1)                       # (B, H, T, 1), > 0 once anything was written
+    return numerator / torch.where(has_memory, denominator, torch.ones_like(denominator))
+
+
+def memory_update(sigma_k, v, M, z, has_memory, rule):
+    """Write a segment's keys and values: Eq. 4 (rule 'linear') or Eq. 5 (rule 'delta').
+    sigma_k, v (B, H, T, D); M (B, H, D, D); z (B, H, D). Returns the new (M, z)."""
+    if rule == 'delta':
+        # Eq. 5: write only what M_{s-1} does not already return for these keys
+        v = v - memory_retrieve(sigma_k, M, z, has_memory)
+    M = M + sigma_k.transpose(-2, -1) @ v                         # (B, H, D, D)   σ(K)ᵀ V
+    z = z + sigma_k.sum(dim=-2)                                   # (B, H, D)      Σ_t σ(K_t)
+    return M, z
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Rotary positions (Su et al., 2021): the paper's Figure 1 puts "PE" on the local attention only, not the memory.
+
+
+class RotaryEmbedding(nn.Module):
+    """cos and sin of m θ_i for positions m = 0 .. n_positions-1 of a segment, θ_i = rope_base^(-2i/d_head), tabulated
+    once (float64, kept in float32): computed in forward, torch.compile recomputes them for every row and head."""
+
+    def __init__(self, d_head, base, n_positions):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
+        angles = torch.outer(torch.arange(n_positions, dtype=torch.float64), inv_freq)   # (n_positions, D/2)
+        self.register_buffer('cos', angles.cos().float(), persistent=False)
+        self.register_buffer('sin', angles.sin().float(), persistent=False)
+
+    def forward(self, start, T):
+        return self.cos[start:start + T], self.sin[start:start + T]   # (T, D/2) each
+
+
+def apply_rope(x, cos, sin):
+    """Rotate each pair (x_{2i}, x_{2i+1}) of x (B, H, T, D) by the angle m θ_i of its position m."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]                           # (B, H, T, D/2) each
+    rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)   # (B, H, T, D/2, 2)
+    return rotated.flatten(-2).to(x.dtype)                        # (B, H, T, D), pairs interleaved back
+
+
+class InfiniAttention(nn.Module):
+    """Multi-head Infini-attention (§2.1) with its residual and LayerNorm: local causal softmax attention with
+    RoPE, retrieval from the compressive memory, and the per-head gate β (Eq. 6)."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.qkv_net = nn.Linear(C, 3 * H * D, bias=False)       # W_Q, W_K, W_V (Eq. 1), shared by both sides
+        self.o_net = nn.Linear(H * D, C, bias=False)             # W_O (§2.1.2)
+        self.beta = nn.Parameter(torch.full((H,), float(config.gate_init)))   # β of Eq. 6, one per head
+        self.layer_norm = nn.LayerNorm(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt_p = config.dropatt
+        self.pre_lnorm = config.pre_lnorm
+
+    def features(self, x):
+        """σ of the memory's queries or keys (Eqs. 3-5); lab/model_infini_probes.py overrides it (outside the paper)."""
+        return sigma(x)
+
+    def gate(self):
+        return torch.sigmoid(self.beta)                           # (H,)
+
+    def forward(self, h, M, z, has_memory, rope, cache=None):
+        """h (B, T, C): the segment's layer input (or its next T tokens, in generate); M, z: M_{s-1} (B, H, D, D) and
+        z_{s-1} (B, H, D); has_memory (B, 1, 1, 1) bool; rope: (cos, sin) (T, D/2) of these T positions; cache: None,
+        or (k_rot, k, v) (B, H, S, D) of the segment's S earlier tokens. -> out (B, T, C), (k_rot, k, v) of S + T"""
+        B, T, C = h.shape
+        H, D = self.n_head, self.d_head
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        qkv = self.qkv_net(x).view(B, T, 3, H, D)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)                      # each (B, H, T, D), unrotated
+        q_rot, k_rot = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k_rot, k, v = (torch.cat([old, new], dim=2) for old, new in zip(cache, (k_rot, k, v)))
+        S = k.size(2) - T                                         # keys before the first of these queries
+
+        # local attention, Eq. 2: causal inside the segment (query i sits at S + i)
+        causal = torch.ones(T, S + T, dtype=torch.bool, device=h.device).tril(S)   # (T, S+T)
+        A_dot = F.scaled_dot_product_attention(q_rot, k_rot, v, attn_mask=causal,
+                                               dropout_p=self.dropatt_p if self.training else 0.0)  # (B, H, T, D)
+
+        # memory retrieval, Eq. 3, in the memory's dtype (float32 even under bf16 autocast)
+        with torch.autocast(h.device.type, enabled=False):
+            A_mem = memory_retrieve(self.features(q.to(M.dtype)), M, z, has_memory)   # (B, H, T, D)
+
+        # Eq. 6: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head, as one op: A_dot + g (A_mem - A_dot)
+        g = self.gate().view(1, H, 1, 1)
+        A = torch.lerp(A_dot.to(A_mem.dtype), A_mem, g).to(A_dot.dtype)   # (B, H, T, D)
+        attn_out = self.drop(self.o_net(A.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)   O (§2.1.2)
+        out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
+        return out, (k_rot, k, v)
+
+    def update_memory(self, M, z, has_memory, k, v, rule):
+        """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5."""
+        with torch.autocast(k.device.type, enabled=False):
+            return memory_update(self.features(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
+
+
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = InfiniAttention(config)
+        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
+
+    def forward(self, h, M, z, has_memory, rope, cache=None):
+        h, kv = self.attn(h, M, z, has_memory, rope, cache)
+        return self.ff(h), kv
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__) with pos_emb, r_w_bias, r_r_bias (u, v) -> rope
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        C = config.n_embd
+        self.word_emb = ScaledEmbedding(config.vocab_size, C)
+        self.rope = RotaryEmbedding(config.d_head, config.rope_base, config.seg_len)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
+        self.apply(self._init_weights)
+
+    # Copied from model_xl.py (Model._init_weights)
+    # (β is a Parameter, not a module: it keeps gate_init)
+    def _init_weights(self, module):
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaledEmbedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, std)
+            nn.init.zeros_(module.bias)
+
+    def lr_multipliers(self):
+        """β learns gate_lr_mult times faster: Adam moves it about lr a step, Σ_t lr_t = 0.5 over the demo's 1000
+        steps, which keeps sigmoid(β) in [0.38, 0.62] whatever the memory is worth; this lets it reach 0 or 1."""
+        return {f'layers.{n}.attn.beta': self.config.gate_lr_mult for n in range(self.config.n_layer)}
+
+    # --- memory -------------------------------------------------------------------------------------------
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        """Empty memory for batch_size fresh streams; mem_len (train.py's --eval_mem_len) is ignored: no length."""
+        c = self.config
+        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
+        L, H, D = c.n_layer, c.n_head, c.d_head
+        return Memory(M=torch.zeros(L, batch_size, H, D, D, device=device, dtype=dtype),
+                      z=torch.zeros(L, batch_size, H, D, device=device, dtype=dtype),
+                      length=torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def reset_memory(self, memory, mask):
+        """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
+        keep = ~mask
+        return Memory(M=memory.M * keep[None, :, None, None, None].to(memory.M.dtype),
+                      z=memory.z * keep[None, :, None, None].to(memory.z.dtype), length=memory.length * keep)
+
+    def gates(self):
+        """sigmoid(β) of every head, (n_layer, n_head), detached: how much each head reads from its memory."""
+        return torch.stack([layer.attn.gate() for layer in self.layers]).detach()
+
+    # --- forward ------------------------------------------------------------------------------------------
+
+    def forward(self, idx, memory, targets=None):
+        """idx: (B, T) tokens, T <= seg_len; memory: Memory. -> logits, loss, new_memory (with its graph), aux."""
+        c = self.config
+        B, T = idx.shape
+        if T > c.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
+        has_memory = (memory.length > 0).view(B, 1, 1, 1)
+        rope = self.rope(0, T)                                    # (T, D/2) x2
+
+        h = self.drop(self.word_emb(idx))                         # (B, T, C)
+        new_M, new_z = [], []
+        for n, layer in enumerate(self.layers):
+            h, (_, k, v) = layer(h, memory.M[n], memory.z[n], has_memory, rope)    # retrieve first (Eq. 3) ...
+            M, z = layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v, c.memory_update)
+            new_M.append(M)                                       # ... then update (Eq. 4 / 5)
+            new_z.append(z)
+        h = self.drop(self.ln_f(h))
+        logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer
+
+        new_memory = Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + T)
+        gates = self.gates()                                      # (L, H)
+        aux = {'gate': gates.mean(dim=1), 'gate_head': gates}     # per layer (mean over heads), per head
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            aux['lm_loss'] = loss.detach()
+        return logits, loss, new_memory, aux
+
+    # Copied from model_xl.py (Model.num_params)
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, mem_len=None):
+        """Training FLOPs per token (MFU), memory detached (bptt_segments=1; tests/test_flops.py): 6 per weight use; the
+        local attention (q·k, p·v over seg_len keys); the read σ(Q) M (Eq. 3: forward and the gradient to σ(Q)), the
+        write σ(K)ᵀ V (Eq. 4) and delta's σ(K) M (Eq. 5), forward only: H*D*D each, their denominators H*D."""
+        c = self.config
+        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
+                       if name.endswith('weight') and p.dim() > 1)        # norms and β take none)
+        HD = c.n_head * c.d_head
+        local = 6 * 2 * c.n_layer * HD * c.seg_len
+        delta = 2 if c.memory_update == 'delta' else 0
+        memory = (4 + 2 + delta) * c.n_layer * HD * c.d_head      # σ(Q) M, σ(K)ᵀ V, σ(K) M
+        memory += (4 + delta) * c.n_layer * HD                     # the denominators σ(Q) z, σ(K) z
+        return 6 * matrices + local + memory
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
+        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional); callback as decode()'s. The open
+        segment's keys and values are cached (OpenSegment); closed, it is written into the memory as in forward()."""
+        c = self.config
+        B = idx.size(0)
+        if memory is None:
+            memory = self.init_memory(B, idx.device)
+        seg = None                                                      # the open segment, None until its first token
+
+        def step(tokens, closes_segment):
+            nonlocal memory, seg
+            if seg is None:                                             # a segment opens: nothing cached yet
+                seg = OpenSegment(length=0, kv=[None] * c.n_layer)
+            T = tokens.size(1)
+            has_memory = (memory.length > 0).view(B, 1, 1, 1)
+            rope = self.rope(seg.length, T)
+            h = self.drop(self.word_emb(tokens))
+            for n, layer in enumerate(self.layers):
+                h, seg.kv[n] = layer(h, memory.M[n], memory.z[n], has_memory, rope, seg.kv[n])
+            seg.length += T
+            if closes_segment:                                          # written into the memory, as in forward()
+                new_M, new_z = zip(*(layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v,
+                                                              c.memory_update)
+                                     for n, (layer, (_, k, v)) in enumerate(zip(self.layers, seg.kv))))
+                memory = Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + seg.length)
+                seg = None
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
+
+        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Generic blocks, copied verbatim from model_xl.py (tests/test_copies.py keeps them identical).
 
 # Copied from model_xl.py (PositionwiseFF)
 class PositionwiseFF(nn.Module):
@@ -188,312 +447,3 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
         if i + 1 < max_new_tokens:
             logits = feed(idx_next)
     return idx
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Rotary positions for the local attention (Su et al., 2021). The paper's Figure 1 puts "PE" on the local
-# attention's queries and keys only; the memory reads and writes position-free.
-
-
-class RotaryEmbedding(nn.Module):
-    """cos and sin of m θ_i for the positions m = 0 .. n_positions-1 inside a segment, θ_i = rope_base^(-2i/d_head),
-    i = 0 .. d_head/2 - 1, tabulated once (in float64, kept in float32) and sliced. Computed inside forward instead,
-    torch.compile fuses cos and sin into the kernels that read them and recomputes them for every row and head, in
-    scalar loops (issue 20)."""
-
-    def __init__(self, d_head, base, n_positions):
-        super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head))
-        angles = torch.outer(torch.arange(n_positions, dtype=torch.float64), inv_freq)   # (n_positions, D/2)
-        self.register_buffer('cos', angles.cos().float(), persistent=False)
-        self.register_buffer('sin', angles.sin().float(), persistent=False)
-
-    def forward(self, start, T):
-        return self.cos[start:start + T], self.sin[start:start + T]   # (T, D/2) each
-
-
-def apply_rope(x, cos, sin):
-    """Rotate each pair (x_{2i}, x_{2i+1}) of x (B, H, T, D) by the angle m θ_i of its position m."""
-    x1, x2 = x[..., 0::2], x[..., 1::2]                           # (B, H, T, D/2) each
-    rotated = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)   # (B, H, T, D/2, 2)
-    return rotated.flatten(-2).to(x.dtype)                        # (B, H, T, D), pairs interleaved back
-
-
-# -----------------------------------------------------------------------------------------------------------
-# The compressive memory (§2.1.2). Everything here runs in the memory's dtype (float32) with autocast off.
-
-
-SIGMA_FLOOR = 1e-15   # σ's smallest value: σ(q)·z >= 1e-30 cannot underflow float32 (smallest normal 1.2e-38)
-
-
-class Sigma(torch.autograd.Function):
-    """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z.
-    Forward: relu(x) + exp(min(x, 0)), the same function (x + 1 above 0, exp(x) below). F.elu(x) + 1 rounds to
-    exactly 0 in float32 below x ≈ -17 (exp(x) under half an ulp of 1), and a query with every coordinate there
-    would read 0/0 = NaN in Eq. 3, so exp is floored at SIGMA_FLOOR (x < -34.5).
-    Backward: dσ/dx = min(σ, 1) (1 above 0, exp(x) = σ below), from the output alone. Left to autograd, the clamp's
-    gradient needs two masks of x; torch.compile saves them from the forward as bool tensors, and inductor's CPU
-    kernels store bools about 25 times slower than eager (bench/README.md, issue 20). Below the floor the
-    gradient is σ = 1e-15 instead of 0."""
-
-    @staticmethod
-    def forward(ctx, x):
-        out = F.relu(x) + torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0))
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out, = ctx.saved_tensors
-        return grad * out.clamp(max=1.0)
-
-
-sigma = Sigma.apply
-
-
-def memory_retrieve(sigma_q, M, z, has_memory):
-    """Eq. 3: A_mem = σ(Q) M_{s-1} / (σ(Q) z_{s-1}).
-    sigma_q (B, H, T, D), M (B, H, D, D), z (B, H, D), has_memory (B, 1, 1, 1) bool -> (B, H, T, D).
-    An empty memory (M = 0, z = 0: 0/0) retrieves 0: its denominator is replaced by 1 before the division, so
-    the value is 0 / 1 and neither it nor the gradient sees a NaN."""
-    numerator = sigma_q @ M                                       # (B, H, T, D), 0 for an empty memory
-    denominator = sigma_q @ z.unsqueeze(-1)                       # (B, H, T, 1), > 0 once anything was written
-    return numerator / torch.where(has_memory, denominator, torch.ones_like(denominator))
-
-
-def memory_update(sigma_k, v, M, z, has_memory, rule):
-    """Write a segment's keys and values: Eq. 4 (rule 'linear') or Eq. 5 (rule 'delta').
-    sigma_k, v (B, H, T, D); M (B, H, D, D); z (B, H, D). Returns the new (M, z)."""
-    if rule == 'delta':
-        # Eq. 5: write only what M_{s-1} does not already return for these keys
-        v = v - memory_retrieve(sigma_k, M, z, has_memory)
-    M = M + sigma_k.transpose(-2, -1) @ v                         # (B, H, D, D)   σ(K)ᵀ V
-    z = z + sigma_k.sum(dim=-2)                                   # (B, H, D)      Σ_t σ(K_t)
-    return M, z
-
-
-class InfiniAttention(nn.Module):
-    """Multi-head Infini-attention (§2.1) with its residual and LayerNorm: local causal softmax attention with
-    RoPE, retrieval from the compressive memory, and the per-head gate β (Eq. 6)."""
-
-    def __init__(self, config):
-        super().__init__()
-        C, H, D = config.n_embd, config.n_head, config.d_head
-        self.n_head, self.d_head = H, D
-        self.qkv_net = nn.Linear(C, 3 * H * D, bias=False)       # W_Q, W_K, W_V (Eq. 1), shared by both sides
-        self.o_net = nn.Linear(H * D, C, bias=False)             # W_O (§2.1.2)
-        self.beta = nn.Parameter(torch.full((H,), float(config.gate_init)))   # β of Eq. 6, one per head
-        self.layer_norm = nn.LayerNorm(C)
-        self.drop = nn.Dropout(config.dropout)
-        self.dropatt_p = config.dropatt
-        self.pre_lnorm = config.pre_lnorm
-        self.feature_scale = config.feature_scale                 # s in σ(s Q), σ(s K); 1 = the paper
-
-    def gate(self):
-        return torch.sigmoid(self.beta)                           # (H,)
-
-    def forward(self, h, M, z, has_memory, rope, cache=None):
-        """
-        h:          (B, T, C)     this segment's layer input (or the next T tokens of it, in generate)
-        M, z:       (B, H, D, D), (B, H, D) the memory before this segment, M_{s-1} and z_{s-1}
-        has_memory: (B, 1, 1, 1)  bool, False where the memory is empty
-        rope:       (cos, sin), each (T, D/2), for the positions of these T tokens inside the segment
-        cache:      None, or (k_rot, k, v), each (B, H, S, D): the S earlier tokens of this segment (generate)
-        returns the output (B, T, C) and (k_rot, k, v) of all S + T tokens of the segment so far
-        """
-        B, T, C = h.shape
-        H, D = self.n_head, self.d_head
-        x = self.layer_norm(h) if self.pre_lnorm else h
-        qkv = self.qkv_net(x).view(B, T, 3, H, D)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)                      # each (B, H, T, D), unrotated
-        q_rot, k_rot = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None:
-            k_rot, k, v = (torch.cat([old, new], dim=2) for old, new in zip(cache, (k_rot, k, v)))
-        S = k.size(2) - T                                         # keys before the first of these queries
-
-        # local attention, Eq. 2: causal inside the segment (query i sits at S + i)
-        causal = torch.ones(T, S + T, dtype=torch.bool, device=h.device).tril(S)   # (T, S+T)
-        A_dot = F.scaled_dot_product_attention(q_rot, k_rot, v, attn_mask=causal,
-                                               dropout_p=self.dropatt_p if self.training else 0.0)  # (B, H, T, D)
-
-        # memory retrieval, Eq. 3, in the memory's dtype (float32 even under bf16 autocast)
-        with torch.autocast(h.device.type, enabled=False):
-            A_mem = memory_retrieve(sigma(q.to(M.dtype) * self.feature_scale), M, z, has_memory)   # (B, H, T, D)
-
-        # Eq. 6: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head, as one op: A_dot + g (A_mem - A_dot)
-        g = self.gate().view(1, H, 1, 1)
-        A = torch.lerp(A_dot.to(A_mem.dtype), A_mem, g).to(A_dot.dtype)   # (B, H, T, D)
-        attn_out = self.drop(self.o_net(A.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)   O (§2.1.2)
-        out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
-        return out, (k_rot, k, v)
-
-    def update_memory(self, M, z, has_memory, k, v, rule):
-        """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5."""
-        with torch.autocast(k.device.type, enabled=False):
-            return memory_update(sigma(k.to(M.dtype) * self.feature_scale), v.to(M.dtype), M, z, has_memory, rule)
-
-
-class Block(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.attn = InfiniAttention(config)
-        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
-
-    def forward(self, h, M, z, has_memory, rope, cache=None):
-        h, kv = self.attn(h, M, z, has_memory, rope, cache)
-        return self.ff(h), kv
-
-
-# -----------------------------------------------------------------------------------------------------------
-# The model
-
-
-class Model(nn.Module):
-    # Copied from model_xl.py (Model.__init__) with pos_emb, r_w_bias, r_r_bias (u, v) -> rope
-    def __init__(self, config: Config):
-        super().__init__()
-        self.config = config
-        C = config.n_embd
-        self.word_emb = ScaledEmbedding(config.vocab_size, C)
-        self.rope = RotaryEmbedding(config.d_head, config.rope_base, config.seg_len)
-        self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
-        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
-        self.apply(self._init_weights)
-
-    # Copied from model_xl.py (Model._init_weights)
-    # (β is a Parameter, not a module: it keeps gate_init)
-    def _init_weights(self, module):
-        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
-        # LayerNorm gains N(1, init_std).
-        std = self.config.init_std
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, ScaledEmbedding):
-            nn.init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.normal_(module.weight, 1.0, std)
-            nn.init.zeros_(module.bias)
-
-    def lr_multipliers(self):
-        """β learns gate_lr_mult times faster than the rest. Adam moves a parameter by about the learning rate
-        per step whatever its gradient, so over a run β can travel at most about Σ_t lr_t: 0.5 for the demo's
-        1000 steps at 1e-3 with cosine decay, which keeps sigmoid(β) inside [0.38, 0.62] -- a gate "stuck near
-        0.5" whatever the memory is worth. The multiplier lets β reach 0 or 1 if the data ask for it."""
-        return {f'layers.{n}.attn.beta': self.config.gate_lr_mult for n in range(self.config.n_layer)}
-
-    # --- memory -------------------------------------------------------------------------------------------
-
-    def init_memory(self, batch_size, device, mem_len=None):
-        """Empty memory for batch_size fresh streams. mem_len is accepted for the shared contract (train.py's
-        --eval_mem_len) and ignored: the compressive memory has no length, it always holds everything read."""
-        c = self.config
-        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
-        L, H, D = c.n_layer, c.n_head, c.d_head
-        return Memory(M=torch.zeros(L, batch_size, H, D, D, device=device, dtype=dtype),
-                      z=torch.zeros(L, batch_size, H, D, device=device, dtype=dtype),
-                      length=torch.zeros(batch_size, dtype=torch.long, device=device))
-
-    def reset_memory(self, memory, mask):
-        """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
-        keep = ~mask
-        return Memory(M=memory.M * keep[None, :, None, None, None].to(memory.M.dtype),
-                      z=memory.z * keep[None, :, None, None].to(memory.z.dtype),
-                      length=memory.length * keep)
-
-    def gates(self):
-        """sigmoid(β) of every head, (n_layer, n_head), detached: how much each head reads from its memory."""
-        return torch.stack([layer.attn.gate() for layer in self.layers]).detach()
-
-    # --- forward ------------------------------------------------------------------------------------------
-
-    def forward(self, idx, memory, targets=None):
-        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux).
-        new_memory keeps its graph to this segment (backprop through time; train.py detaches it)."""
-        c = self.config
-        B, T = idx.shape
-        if T > c.seg_len:
-            raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
-        has_memory = (memory.length > 0).view(B, 1, 1, 1)
-        rope = self.rope(0, T)                                    # (T, D/2) x2
-
-        h = self.drop(self.word_emb(idx))                         # (B, T, C)
-        new_M, new_z = [], []
-        for n, layer in enumerate(self.layers):
-            h, (_, k, v) = layer(h, memory.M[n], memory.z[n], has_memory, rope)    # retrieve first (Eq. 3) ...
-            M, z = layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v, c.memory_update)
-            new_M.append(M)                                       # ... then update (Eq. 4 / 5)
-            new_z.append(z)
-        h = self.drop(self.ln_f(h))
-        logits = F.linear(h, self.word_emb.weight)                # (B, T, V), tied output layer
-
-        new_memory = Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + T)
-        gates = self.gates()                                      # (L, H)
-        aux = {'gate': gates.mean(dim=1), 'gate_head': gates}     # per layer (mean over heads), per head
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-            aux['lm_loss'] = loss.detach()
-        return logits, loss, new_memory, aux
-
-    # --- bookkeeping for train.py -------------------------------------------------------------------------
-
-    # Copied from model_xl.py (Model.num_params)
-    def num_params(self):
-        return sum(p.numel() for p in self.parameters())
-
-    def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
-        (bptt_segments=1): 6 per weight use; the local attention over seg_len keys (q·k and the weighted sum of
-        values: 2 products of H*D*T); the memory read σ(Q) M_{s-1} (Eq. 3), forward and the gradient to σ(Q) (M is
-        detached), and the write σ(K)ᵀ V (Eq. 4), forward only (the new M has no gradient in this step), plus σ(K) M
-        for delta (Eq. 5, forward): H*D*D each, and their denominators σ(Q) z, σ(K) z (H*D). Back-propagating
-        through the memory (bptt_segments > 1) adds the gradients of the reads and writes. mem_len is ignored (the
-        memory has no length). tests/test_flops.py checks this against torch's FlopCounterMode."""
-        c = self.config
-        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
-                       if name.endswith('weight') and p.dim() > 1)        # norms and β take none)
-        HD = c.n_head * c.d_head
-        local = 6 * 2 * c.n_layer * HD * c.seg_len
-        delta = 2 if c.memory_update == 'delta' else 0
-        memory = (4 + 2 + delta) * c.n_layer * HD * c.d_head      # σ(Q) M, σ(K)ᵀ V, σ(K) M
-        memory += (4 + delta) * c.n_layer * HD                     # the denominators σ(Q) z, σ(K) z
-        return 6 * matrices + local + memory
-
-    # --- generation ---------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx.
-        The open segment's keys and values are cached (OpenSegment): each new token costs one position's local
-        attention and one retrieval; when decode() closes the segment they are written into the memory, exactly
-        as forward() does at the end of a segment.
-        callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
-        c = self.config
-        B = idx.size(0)
-        if memory is None:
-            memory = self.init_memory(B, idx.device)
-        seg = None                                                      # the open segment, None until its first token
-
-        def step(tokens, closes_segment):
-            nonlocal memory, seg
-            if seg is None:                                             # a segment opens: nothing cached yet
-                seg = OpenSegment(length=0, kv=[None] * c.n_layer)
-            T = tokens.size(1)
-            has_memory = (memory.length > 0).view(B, 1, 1, 1)
-            rope = self.rope(seg.length, T)
-            h = self.drop(self.word_emb(tokens))
-            for n, layer in enumerate(self.layers):
-                h, seg.kv[n] = layer(h, memory.M[n], memory.z[n], has_memory, rope, seg.kv[n])
-            seg.length += T
-            if closes_segment:                                          # written into the memory, as in forward()
-                new_M, new_z = zip(*(layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v,
-                                                              c.memory_update)
-                                     for n, (layer, (_, k, v)) in enumerate(zip(self.layers, seg.kv))))
-                memory = Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + seg.length)
-                seg = None
-            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
-
-        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
