@@ -1,13 +1,18 @@
 """
 Reading a prepared dataset for training and evaluation (data/README.md has the format; prepare.py writes it):
 
-    tokens = load_split(data_dir, 'train')                 # np.memmap of uint16 tokens
-    loader = StreamLoader(tokens, n_streams, first, B, T)  # Transformer-XL's ordered streams: x, y, reset = loader.get(i)
+    tokens = load_split(data_dir, 'train')                 # np.memmap of uint16 tokens, checked
+    loader = StreamLoader(tokens, n_streams, first, B, T)  # Transformer-XL's ordered streams
+    x, y, reset = loader.get(i)
 
 The data are read as Transformer-XL's ordered iterator does: the token file is cut into n_streams contiguous
 streams, each read one segment of seg_len tokens after another, so a row's memory always holds the text just
 before its current segment. meta.json names the tokenizer: byte and character data set the model's vocabulary,
 and its byte lengths turn an evaluation's summed NLL into bits per character (EvalSet).
+
+Damaged data is refused when it is opened, in one `error: ...` line that names the file: a meta.json that is not
+a JSON object or has a field of the wrong type, a .bin that is empty, not whole uint16 tokens, not as long as
+meta.json counts, or holding a token >= vocab_size (meta.json's; where it has none, the model's, via load_meta).
 """
 
 import dataclasses
@@ -22,7 +27,16 @@ import torch
 from configurator import REPO, UserError
 
 
+SPLITS = ('train', 'validation', 'test')
+SCAN_CHUNK = 1 << 24              # tokens per read of the vocabulary check (32 MB): a split of any size is checked
+_largest = {}                     # (path, size, mtime_ns) -> the largest token of a .bin: each file is scanned once
+
+
 def load_split(data_dir, split):
+    """The tokens of data_dir/{split}.bin as a read-only np.memmap, checked first (one UserError line each): a whole
+    number of uint16 tokens, not empty, as many as meta.json counts, and every token below meta.json's vocab_size.
+    Without a vocab_size in meta.json, load_meta reports the one the tokens need, which train.py compares with the
+    model's."""
     path = Path(data_dir) / f'{split}.bin'
     if not path.exists():
         name = Path(data_dir).name
@@ -32,12 +46,101 @@ def load_split(data_dir, split):
             raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}{flag}` first")
         known = sorted(p.parent.name for p in (REPO / 'data').glob('*/prepare.py'))
         raise UserError(f"no data at {path}; datasets with a prepare.py: {', '.join(known)}")
+    meta = read_meta(data_dir)
+    tokens = _open_tokens(path)
+    counted = meta.get('splits', {}).get(split, {}).get('tokens')
+    if counted is not None and counted != len(tokens):
+        raise UserError(f"{path} holds {len(tokens):,} tokens but meta.json counts {counted:,}: the file is "
+                        f"truncated or from another preparation (prepare it again)")
+    if 'vocab_size' in meta:
+        _check_vocab(path, tokens, meta['vocab_size'])
+    return tokens
+
+
+def _open_tokens(path):
+    """np.memmap of a .bin, refused in one line if it is not whole uint16 tokens or has none."""
+    size = path.stat().st_size
+    if size == 0:
+        raise UserError(f"{path} is empty: no tokens in this split (prepare the dataset again)")
+    if size % np.dtype(np.uint16).itemsize:
+        raise UserError(f"{path} has {size:,} bytes, not a whole number of 2-byte tokens: the file is damaged "
+                        f"(prepare the dataset again)")
     return np.memmap(path, dtype=np.uint16, mode='r')
 
 
-def load_meta(data_dir):
+def largest_token(path, tokens):
+    """max(tokens), read SCAN_CHUNK tokens at a time (a multi-GB split never sits in RAM); remembered for the
+    file's (path, size, mtime), so opening the same split again costs nothing."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _largest:
+        _largest[key] = max(int(tokens[i:i + SCAN_CHUNK].max()) for i in range(0, len(tokens), SCAN_CHUNK))
+    return _largest[key]
+
+
+def _check_vocab(path, tokens, vocab_size):
+    top = largest_token(path, tokens)
+    if top >= vocab_size:
+        first = next(i + int(np.argmax(tokens[i:i + SCAN_CHUNK] >= vocab_size))
+                     for i in range(0, len(tokens), SCAN_CHUNK) if tokens[i:i + SCAN_CHUNK].max() >= vocab_size)
+        raise UserError(f"{path} has token {int(tokens[first])} at position {first:,} (largest {top}), outside "
+                        f"meta.json's vocab_size={vocab_size}: the tokens and meta.json do not belong together")
+
+
+# meta.json's fields that the code reads, and the types they must have (a field that is absent is fine)
+META_TYPES = {'vocab_size': int, 'tokenizer': str, 'eot_token': (int, type(None)), 'symbols': str, 'dtype': str,
+              'splits': dict}
+SPLIT_TYPES = {'tokens': int, 'documents': int, 'words': int, 'bytes': int}
+
+
+def read_meta(data_dir):
+    """data_dir/meta.json as written, checked (one UserError line naming the file); {} where there is none."""
     path = Path(data_dir) / 'meta.json'
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read {path}: {getattr(e, 'strerror', None) or type(e).__name__}")
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})")
+    if not isinstance(meta, dict):
+        raise UserError(f"{path} must hold a JSON object, got {type(meta).__name__}")
+    _check_types(path, meta, META_TYPES, '')
+    for split, counts in meta.get('splits', {}).items():
+        if not isinstance(counts, dict):
+            raise UserError(f"{path}: splits.{split} must be an object, got {counts!r}")
+        _check_types(path, counts, SPLIT_TYPES, f'splits.{split}.')
+    if meta.get('vocab_size', 1) < 1:
+        raise UserError(f"{path}: vocab_size must be >= 1, got {meta['vocab_size']}")
+    if meta.get('dtype', 'uint16') != 'uint16':
+        raise UserError(f"{path}: dtype {meta['dtype']!r} is not read here (tokens are uint16)")
+    return meta
+
+
+def _check_types(path, values, types, prefix):
+    for name, typ in types.items():
+        if name not in values:
+            continue
+        value = values[name]
+        if not isinstance(value, typ) or isinstance(value, bool):
+            kind = {int: 'an integer', str: 'a string', dict: 'an object'}.get(typ, 'an integer or null')
+            raise UserError(f"{path}: {prefix}{name} must be {kind}, got {value!r}")
+        if typ is int and value < 0:
+            raise UserError(f"{path}: {prefix}{name} must be >= 0, got {value}")
+
+
+def load_meta(data_dir):
+    """meta.json, checked (read_meta); {} where there is none (hand-made data). Where it gives no vocab_size, the
+    vocab_size the tokens need (their largest + 1, over the splits present) stands in for it, so train.py's check
+    against the model's vocab_size also covers such data."""
+    meta = read_meta(data_dir)
+    if 'vocab_size' not in meta:
+        paths = [Path(data_dir) / f'{split}.bin' for split in SPLITS]
+        tops = [largest_token(path, _open_tokens(path)) for path in paths if path.exists()]
+        if tops:
+            meta = {**meta, 'vocab_size': max(tops) + 1}
+    return meta
 
 
 def data_tokenizer(meta):

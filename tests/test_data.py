@@ -1,5 +1,6 @@
-"""Tests of data/: the offline GPT-2 tokenizer, the shard writer, and the PG-19 / WikiText-103 / Gutenberg prepare
-scripts on tiny fixtures in the real layouts. CPU only, no network, a few seconds."""
+"""Tests of data/: the offline GPT-2 tokenizer, the shard writer, the PG-19 / WikiText-103 / Gutenberg prepare
+scripts on tiny fixtures in the real layouts, and the checks of a prepared dataset when train.py opens it.
+CPU only, no network, a few seconds."""
 import io
 import json
 import os
@@ -15,7 +16,8 @@ import tiktoken
 import tiktoken.load
 from tiktoken_ext import openai_public
 
-from data import shards, tokenizer  # the repo root is on sys.path (tests/conftest.py)
+from _train_util import TINY_XL, assert_one_line_error, flags, write_dataset
+from data import loader, shards, tokenizer  # the repo root is on sys.path (tests/conftest.py)
 from data.gutenberg import prepare as gutenberg
 from data.pg19 import prepare as pg19
 from data.tokenizer import EOT, TokenizerError, get_encoding
@@ -578,3 +580,121 @@ def test_gutenberg_script_error_has_no_traceback(tmp_path):
                             cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 1
     assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+
+
+# -----------------------------------------------------------------------------
+# damaged data is refused when it is opened (data/loader.py), by the calls train.py makes: one line, naming the file
+
+@pytest.fixture
+def good_data(tmp_path):
+    """A dataset in the prepared layout: 2,000 train tokens, 300 validation/test tokens, vocab_size 256."""
+    tokens = np.arange(2000) % 256
+    return write_dataset(tmp_path / "data", tokens, tokens[:300])
+
+
+def train_error(data_dir, tmp_path, capsys, **overrides):
+    """train.py's one-line error on this data (a tiny model, 4 steps on the CPU)."""
+    import train
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train.main(flags(data_dir, tmp_path / "out", TINY_XL, **overrides))
+    assert e.value.code == 2
+    return assert_one_line_error(capsys.readouterr().err)
+
+
+def test_good_data_trains(good_data, tmp_path, capsys):
+    import train
+    train.main(flags(good_data, tmp_path / "out", TINY_XL, max_iters=2))  # the checks let good data through
+    assert (tmp_path / "out" / "ckpt.pt").exists()
+
+
+META_FAULTS = [
+    ('{"vocab_size": 256,', "is not valid JSON (line 1"),
+    ("", "is not valid JSON"),
+    ("[256]", "must hold a JSON object, got list"),
+    ('{"vocab_size": "256"}', "vocab_size must be an integer, got '256'"),
+    ('{"vocab_size": true}', "vocab_size must be an integer, got True"),
+    ('{"vocab_size": 0}', "vocab_size must be >= 1, got 0"),
+    ('{"vocab_size": 256, "splits": [1, 2]}', "splits must be an object"),
+    ('{"vocab_size": 256, "splits": {"validation": 5}}', "splits.validation must be an object, got 5"),
+    ('{"vocab_size": 256, "splits": {"validation": {"words": "many"}}}', "splits.validation.words must be an integer"),
+    ('{"vocab_size": 256, "splits": {"train": {"tokens": -1}}}', "splits.train.tokens must be >= 0"),
+    ('{"tokenizer": 5}', "tokenizer must be a string, got 5"),
+    ('{"tokenizer": "bytes", "eot_token": "0"}', "eot_token must be an integer or null, got '0'"),
+    ('{"vocab_size": 256, "dtype": "uint32"}', "dtype 'uint32' is not read here"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", META_FAULTS, ids=[t or "empty" for t, _ in META_FAULTS])
+def test_damaged_meta_json_is_one_line(text, fragment, good_data, tmp_path, capsys):
+    (good_data / "meta.json").write_text(text)
+    message = train_error(good_data, tmp_path, capsys)
+    assert str(good_data / "meta.json") in message and fragment in message, message
+
+
+def test_bin_that_is_not_whole_tokens(good_data, tmp_path, capsys):
+    with open(good_data / "train.bin", "ab") as f:
+        f.write(b"\x01")
+    message = train_error(good_data, tmp_path, capsys)
+    assert str(good_data / "train.bin") in message and "4,001 bytes, not a whole number of 2-byte tokens" in message
+
+
+def test_empty_split(good_data, tmp_path, capsys):
+    (good_data / "validation.bin").write_bytes(b"")
+    message = train_error(good_data, tmp_path, capsys)
+    assert str(good_data / "validation.bin") in message and "is empty" in message
+
+
+def test_split_shorter_than_meta_json_counts(good_data, tmp_path, capsys):
+    tokens = np.fromfile(good_data / "train.bin", dtype=np.uint16)
+    tokens[:1000].tofile(good_data / "train.bin")                     # a copy cut short
+    message = train_error(good_data, tmp_path, capsys)
+    assert str(good_data / "train.bin") in message and "holds 1,000 tokens but meta.json counts 2,000" in message
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+def test_token_outside_meta_json_vocab_size(split, good_data, tmp_path, capsys):
+    """A token >= vocab_size where training would reach it only after many steps (position 250 of a stream of
+    ~1,000): caught at the start, with its position."""
+    path = good_data / f"{split}.bin"
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[250] = 300
+    tokens.tofile(path)
+    message = train_error(good_data, tmp_path, capsys)
+    assert str(path) in message and "token 300 at position 250" in message and "vocab_size=256" in message
+
+
+def test_token_outside_the_models_vocab_without_meta_json(good_data, tmp_path, capsys):
+    """Hand-made data (no meta.json): the tokens are checked against the model's vocab_size (256 here)."""
+    (good_data / "meta.json").unlink()
+    tokens = np.fromfile(good_data / "train.bin", dtype=np.uint16)
+    tokens[1500] = 300
+    tokens.tofile(good_data / "train.bin")
+    assert loader.load_meta(good_data) == {"vocab_size": 301}         # what the tokens need
+    message = train_error(good_data, tmp_path, capsys)
+    assert "vocab_size=256" in message and "301" in message
+    train_error(good_data, tmp_path, capsys, vocab_size=300)          # one too few: still refused
+
+
+def test_scan_reads_chunks_and_remembers_its_verdict(good_data, monkeypatch):
+    """The largest token is found chunk by chunk (here 64 tokens a chunk, a ragged last one) and remembered per
+    (path, size, mtime): a file changed in place is scanned again, an unchanged one is not."""
+    monkeypatch.setattr(loader, "SCAN_CHUNK", 64)
+    monkeypatch.setattr(loader, "_largest", {})
+    path = good_data / "train.bin"
+    tokens = np.fromfile(path, dtype=np.uint16)
+    tokens[1999] = 255
+    tokens[1234] = 256                                                # in chunk 19 of 32, not the largest chunk max
+    tokens.tofile(path)
+    with pytest.raises(loader.UserError, match=r"token 256 at position 1,234 \(largest 256\)"):
+        loader.load_split(good_data, "train")
+    tokens[1234] = 7
+    tokens.tofile(path)
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # a later mtime, as any edit leaves
+    assert len(loader.load_split(good_data, "train")) == 2000         # scanned again: no token >= 256 now
+    tokens[5] = 999
+    tokens.tofile(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # same size and mtime as the last scan
+    loader.load_split(good_data, "train")                             # so its verdict is reused
+    assert list(loader._largest.values()) == [256, 255]
