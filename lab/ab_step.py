@@ -5,7 +5,7 @@ without the between-run noise of two speed.py runs.
 
     python lab/ab_step.py --variant=lamemo --rev=cd04404                   # byte level, the matched size
     python lab/ab_step.py --variant=infformer_sticky --rev=cd04404 --vocab=0 --rounds=6   # GPT-2 vocabulary
-    python lab/ab_step.py --variant=infformer --overrides=sigma_sq_init=1e-4           # + Config fields
+    python lab/ab_step.py --variant=infformer --overrides=n_basis=256,tau=0.75           # + Config fields
 
 Prints and writes the median step time of each side and B's speedup (A's time / B's). The A file must accept the
 variant's Config fields and load B's weights (strict): a change of parameters is not an A/B of speed.

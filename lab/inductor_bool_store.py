@@ -1,8 +1,8 @@
 """
 torch.compile's CPU backend (inductor) writes bool tensors far more slowly than eager PyTorch: the minimal example
-behind compile / eager ratios below 1 in bench/README.md. A compiled training graph saves bool masks for
-the backward pass (which entries of a ReLU, or of a clamp, let the gradient through), so every model with a
-feed-forward ReLU pays this, the no-memory baseline included.
+behind compile / eager ratios below 1 on the CPU (lab/LOG.md, 2026-11-25). A compiled training graph saves bool
+masks for the backward pass (which entries of a ReLU, or of a clamp, let the gradient through), so every model with
+a feed-forward ReLU pays this, the no-memory baseline included.
 
     python lab/inductor_bool_store.py                     # 2^20 float32 values, eager against compiled
     python lab/inductor_bool_store.py --n=4096 --rounds=5 --out=/tmp/bool_store.json

@@ -47,7 +47,7 @@ class CapacityConfig:
     max_depth: int = 8               # training depths 1 ... max_depth
     steps: int = 4000
     batch_size: int = 64             # episodes per step (4 scored questions each)
-    learning_rate: float = 1e-2      # 3e-3 had not converged at 3,000 steps; 3e-2 stayed at chance (bench/README.md)
+    learning_rate: float = 1e-2      # 3e-3 had not converged at 3,000 steps; 3e-2 stayed at chance (lab/LOG.md)
     detach_writes: bool = False      # the written keys and values get no gradient from the reads, as the model's
                                      # with bptt_segments=1: they stay at their random init here
     eval_episodes: int = 512         # per depth
