@@ -10,17 +10,38 @@ model's memory; generation then continues from the last partial segment. Text st
 The tokenizer is the one the checkpoint was trained with (train.py records it): GPT-2 BPE, UTF-8 bytes (enwik8,
 data/gutenberg/prepare.py --tokenizer=bytes) or a character table (text8). A byte model's prompt, a FILE: one
 too, is fed as its raw bytes, and bytes it makes that are not valid UTF-8 are shown as U+FFFD, never raised.
+
+`--help` lists the flags. Ctrl-C stops it with one line on stderr and exit status 130; the text so far stays.
 """
 
 import codecs
+import math
 import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-import torch
+
+def interrupted(kind, value, traceback):
+    """Ctrl-C ends sample.py with one line and exit status 130 (128 + SIGINT), keeping the text written so far."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, value, traceback)
+    sys.stdout.flush()
+    print("\ninterrupted (Ctrl-C)", file=sys.stderr)
+    sys.exit(130)
+
+
+if __name__ == '__main__':
+    sys.excepthook = interrupted          # also while torch is still being imported, before main() runs
+
+import torch  # noqa: E402
 
 from train import (UserError, REPO, parse_args, load_checkpoint, model_from_checkpoint, resolve_device,
                    resolve_dtype, autocast_context, run_cli)
+
+
+# Below it sampling is greedy in all but name (logit gaps of 0.1 become 10), and logits / temperature can
+# overflow to inf in float16 (and to NaN probabilities): 0 asks for greedy decoding outright.
+MIN_TEMPERATURE = 0.01
 
 
 @dataclass
@@ -41,8 +62,13 @@ class SampleConfig:
         for name in ('num_samples', 'max_new_tokens'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.temperature < 0 or self.top_k < 0 or self.mem_len < -1:
-            raise ValueError("temperature and top_k must be >= 0, mem_len >= -1")
+        if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
+            raise ValueError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, "
+                             f"got {self.temperature}")
+        if self.top_k < 0 or self.mem_len < -1:
+            raise ValueError(f"top_k must be >= 0 and mem_len >= -1, got top_k={self.top_k}, mem_len={self.mem_len}")
+        if not -2**63 <= self.seed < 2**64:
+            raise ValueError(f"seed must be a 64-bit integer, got {self.seed}")
         if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 
@@ -120,7 +146,12 @@ def sample(argv):
     T = model_cfg.seg_len
     n_full = (len(tokens) - 1) // T                  # whole segments go into memory; >= 1 token is left to generate
     mem_len = {} if cfg.mem_len == -1 else {'mem_len': cfg.mem_len}
-    memory = model.init_memory(1, device, **mem_len)
+    try:
+        memory = model.init_memory(1, device, **mem_len)
+    except RuntimeError as e:                                   # torch.OutOfMemoryError is one too
+        if not isinstance(e, torch.OutOfMemoryError) and 'allocate' not in str(e):
+            raise
+        raise UserError(f"--mem_len={cfg.mem_len} does not fit in memory: use a shorter one")
     prompt = torch.tensor(tokens, dtype=torch.long, device=device)[None]       # (1, N)
     with torch.no_grad(), ctx:
         for s in tqdm(range(n_full), desc='prompt into memory', unit='seg', disable=n_full < 2, file=sys.stderr):
@@ -143,7 +174,10 @@ def sample(argv):
 
 
 def main(argv=None):
-    run_cli(sample, argv)
+    try:
+        run_cli(sample, argv)
+    except KeyboardInterrupt:
+        interrupted(KeyboardInterrupt, None, None)
 
 
 if __name__ == '__main__':

@@ -8,6 +8,11 @@ reach the memory (or reaches it out of order) is caught, not only a crash.
 """
 import contextlib
 import io
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +20,7 @@ import torch
 
 import sample
 import train
-from _train_util import TEXT, TINY_XL, assert_one_line_error, flags, run_python, write_dataset
+from _train_util import ENV, ROOT, TEXT, TINY_XL, assert_one_line_error, flags, run_python, write_dataset
 from data.tokenizer import gpt2_tokenizer
 
 # init_std 0.3 and a tiny lr keep the model far from "repeat the likeliest token": its greedy output depends on
@@ -98,6 +103,13 @@ BAD_INPUT = [
     (['--num_samples=two'], ['--num_samples takes an int']),
     (['--num_samples=0'], ['num_samples must be >= 1']),
     (['--temperature=-1'], ['temperature']),
+    (['--temperature=nan'], ['--temperature takes a finite float']),   # today: NaN probabilities, a traceback
+    (['--temperature=inf'], ['--temperature takes a finite float']),
+    (['--temperature=1e-40'], ['temperature must be 0 (greedy) or', '>= 0.01']),   # logits / T overflow to inf
+    (['--top_k=-1'], ['top_k must be >= 0']),
+    (['--mem_len=-2'], ['mem_len >= -1']),
+    ([f'--seed={2**70}'], ['seed must be a 64-bit integer']),
+    ([f'--mem_len={10**13}'], [f'--mem_len={10**13} does not fit in memory']),
     (['--start=FILE:/nonexistent/book.txt'], ['cannot read prompt file', '/nonexistent/book.txt']),
     (['--ckpt=best_of_all.pt'], ['no checkpoint at', 'best_of_all.pt']),
     (['--device=gpu'], ['gpu']),                                       # today: a RuntimeError traceback
@@ -177,3 +189,33 @@ def test_output_follows_sys_stdout(ckpt_dir, model, enc):
         sample.sample([f'--out_dir={ckpt_dir}', '--start=It was', '--temperature=0', '--max_new_tokens=5',
                        '--device=cpu'])
     assert buffer.getvalue() == 'It was' + decode(enc, greedy(model, enc.encode('It was'), 5)) + '\n'
+
+
+@pytest.mark.parametrize('when', ['while sampling', 'while starting'])
+def test_ctrl_c_is_one_line_and_keeps_the_text(when, ckpt_dir, model, enc):
+    """Ctrl-C: exit status 130, one line on stderr and no traceback, whether it comes while text streams out or
+    while torch is still being imported; the text written so far stays on stdout, and it is the sample's."""
+    prompt = 'It was the age of'
+    proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={ckpt_dir}', f'--start={prompt}',
+                             '--temperature=0', '--max_new_tokens=100000', '--device=cpu'],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        if when == 'while sampling':
+            head = b''
+            while len(head) < len(prompt) + 20:                      # the prompt, then some of the sample
+                chunk = os.read(proc.stdout.fileno(), 1000)
+                assert chunk, proc.stderr.read().decode()
+                head += chunk
+        else:
+            head = b''
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    out, err = (head + out).decode('utf-8', errors='replace'), err.decode()
+    assert proc.returncode == 130, err
+    assert 'Traceback' not in err and [line for line in err.splitlines() if line.strip()] == ['interrupted (Ctrl-C)']
+    if when == 'while sampling':
+        expected = prompt + decode(enc, greedy(model, enc.encode(prompt), 300))
+        assert len(out) > len(prompt) and out[:len(expected)] == expected[:len(out)]
