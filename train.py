@@ -9,6 +9,17 @@ Train any nanomem model on a prepared token dataset, one segment after another w
 Flags are the fields of TrainConfig below plus the fields of the chosen model's Config (model_<name>.py).
 Config files hold `name = literal` lines only. An unknown or mistyped flag is an error (configurator.py).
 
+Read it in this order:
+    TrainConfig   every flag, its default and what it does;
+    train()       claims the out_dir, builds the model (or the checkpoint's), loads the data, then calls fit();
+    fit()         the loop: train_step() after train_step(), a log line every log_interval steps, evaluate() and a
+                  checkpoint every eval_interval; Ctrl-C or SIGTERM saves and stops (exit status 130 or 143);
+    train_step()  one optimizer step: micro-batches of bptt_segments segments each, the memory carried, detached;
+    evaluate()    streams the eval split with the memory carried: loss, ppl, word ppl, bpc or bpb.
+The helpers they call follow them (memory, model and data, checkpoint contents, optimizer, MFU). Where the run
+runs (device, precision, process group), its files (out_dir lock, checkpoints, log.jsonl), the stop signals and
+the ranks' agreement: runs.py.
+
 The data are read as Transformer-XL's ordered iterator does (data/loader.py): the token file is cut into
 n_streams contiguous streams (batch_size rows x gradient_accumulation_steps micro-batches x world_size ranks), each
 read one segment of seg_len tokens after another, so a row's memory always holds the text just before its current
@@ -16,10 +27,8 @@ segment.
 """
 
 import dataclasses
-import gc
 import json
 import math
-import os
 import signal
 import sys
 import time
@@ -36,7 +45,9 @@ import configurator
 from configurator import REPO, UserError, available_models, import_model, read_config_file, run_cli  # noqa: F401
 from data.loader import (EvalSet, StreamLoader, data_tokenizer, eval_set, eval_stream_bounds,  # noqa: F401
                          load_meta, load_split, vocab_from_data)
-CKPT_FORMAT = 'nanomem-checkpoint-1'
+from runs import (CKPT_FORMAT, MODEL_KEYS, RESUME_KEYS, JsonLog, OutDir, Run, StopSignals,  # noqa: F401
+                  all_reduce_sum, autocast_context, finish_ddp, gather_stacked, load_checkpoint, max_over_ranks,
+                  model_from_checkpoint, on_rank0, resolve_device, resolve_dtype, save_checkpoint, setup_run)
 
 
 @dataclass
@@ -47,6 +58,7 @@ class TrainConfig:
     data_dir: str = ''                 # '' = data/<dataset>
     out_dir: str = 'out'               # ckpt.pt (last), best.pt, log.jsonl
     init_from: str = 'scratch'         # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    overwrite: bool = False            # scratch into an out_dir that holds a checkpoint: delete it and start over
     # batch: tokens per optimizer step = world_size * gradient_accumulation_steps * batch_size * bptt_segments * seg_len
     batch_size: int = 8                # streams per micro-batch (per GPU)
     gradient_accumulation_steps: int = 1  # micro-batches per step, each with its own streams and memories
@@ -98,6 +110,8 @@ class TrainConfig:
             raise ValueError(f"eval_mem_len must be >= 0 (or -1 for mem_len), got {self.eval_mem_len}")
         if self.init_from not in ('scratch', 'resume'):
             raise ValueError(f"init_from must be 'scratch' or 'resume', got {self.init_from!r}")
+        if self.overwrite and self.init_from == 'resume':
+            raise ValueError("overwrite=True starts over: it goes with init_from=scratch, not resume")
         if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.eval_split not in ('train', 'validation', 'test'):
@@ -109,162 +123,167 @@ def parse_args(argv, train_cls=TrainConfig, allow_model_fields=True):
     return configurator.parse_args(argv, train_cls, allow_model_fields)
 
 
-# -----------------------------------------------------------------------------------------------------------
-# Memory helpers: any dataclass of tensors, no model-specific code
-
-
-def memory_to_dict(memory):
-    return {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)}
-
-
-def memory_from_dict(template, values):
-    return dataclasses.replace(template, **{k: v.to(getattr(template, k).device) for k, v in values.items()})
-
-
-def detach_memory(memory):
-    return dataclasses.replace(memory, **{k: v.detach() for k, v in memory_to_dict(memory).items()})
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Checkpoints: tensors and plain Python values only, loadable with torch.load(weights_only=True)
-
-
-def save_checkpoint(state, path):
-    """Atomic: write a temporary file in the same directory, fsync, rename over the old checkpoint."""
-    path = Path(path)
-    tmp = path.with_name(path.name + '.tmp')
+def train(argv):
+    """Train (or with --eval_only, evaluate) as the flags say; returns a small summary dict."""
+    cfg, module, model_cfg, given = parse_args(argv)
+    run = setup_run(cfg)
+    out_dir = None
     try:
-        with open(tmp, 'wb') as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)                          # a full disk keeps no half-written file
+        if not cfg.eval_only:                          # checked and locked before anything is built or trained
+            out_dir = on_rank0(run, lambda: OutDir(cfg.out_dir, cfg.init_from, cfg.overwrite))
+        torch.manual_seed(cfg.seed + run.rank)
+        data_dir = Path(cfg.data_dir or REPO / 'data' / cfg.dataset)
+        meta = load_meta(data_dir)
+        tokenizer = data_tokenizer(meta)
+        model_cfg = vocab_from_data(model_cfg, given, tokenizer)
+        model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, tokenizer, data_dir, run.device)
+        loaders, evalset = load_data(run, model_cfg, data_dir, meta, tokenizer)
+        raw_model = model.to(run.device)
+        parts = Parts(raw_model, raw_model, configure_optimizer(raw_model, cfg, run.device_type),
+                      torch.amp.GradScaler(run.device_type, enabled=(run.dtype == 'float16')))
+        state = TrainState(memories=[raw_model.init_memory(cfg.batch_size, run.device) for _ in loaders])
+        if ckpt is not None and not cfg.eval_only:
+            restore(ckpt, run, parts, state)
+        elif ckpt is not None:
+            state.step = ckpt['step']                            # --eval_only: report which step was evaluated
+        ckpt = None                                              # free it
+        if cfg.eval_only:
+            result = evaluate(raw_model, evalset, run, model_cfg)
+            if run.master:
+                print(json.dumps(eval_record(cfg, state.step, result)))
+            finish_ddp(run.ddp)
+            return result
+        if cfg.compile is None:
+            cfg.compile = run.device_type == 'cuda'
+        if cfg.compile:
+            parts.model = torch.compile(parts.model)
+        if run.ddp:
+            parts.model = torch.nn.parallel.DistributedDataParallel(
+                parts.model, device_ids=[int(run.device.split(':')[1])] if run.device_type == 'cuda' else None)
+        return fit(run, model_cfg, parts, loaders, evalset, state, tokenizer)
+    except UserError:
+        if not run.master:
+            sys.exit(2)                                          # every rank stops; rank 0 says why, once
         raise
+    finally:
+        if out_dir is not None:
+            out_dir.close()                                      # the lock: another run may use out_dir now
 
 
-def load_checkpoint(path, device='cpu'):
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"no checkpoint at {path}")
+def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
+    """The training loop: steps, log lines, evaluations and checkpoints until max_iters, or until a stop signal
+    (Ctrl-C, SIGTERM) reaches any rank: then every rank stops after the same step, and that step is saved.
+    -> {'step', 'best_val_loss', 'stopped_by': the signal's number, 0 if none}"""
+    from tqdm import tqdm
+    cfg, out_dir = run.cfg, Path(run.cfg.out_dir)
+    say = tqdm.write if run.master else (lambda *a, **k: None)  # prints above the progress bar
+    log = JsonLog(out_dir / 'log.jsonl' if run.master else None, resume_step=state.step)
+
+    def save(is_best):
+        """Every rank gives its memories and RNG states; rank 0 writes. Non-finite weights are never saved."""
+        if not all(torch.isfinite(p).all() for p in parts.raw_model.parameters()):
+            raise UserError(f"the weights are not finite after step {state.step}: not saved. {last_good(state, cfg)}"
+                            f" (try a lower learning_rate or --dtype=float32)")
+        ckpt = checkpoint_state(run, model_cfg, parts, state, tokenizer)
+
+        def write():
+            save_checkpoint(ckpt, out_dir / 'ckpt.pt')
+            if is_best:
+                save_checkpoint(ckpt, out_dir / 'best.pt')
+        on_rank0(run, write)
+        state.saved_step = state.step
+
+    tokens_per_step = run.world_size * len(loaders) * cfg.batch_size * cfg.bptt_segments * model_cfg.seg_len
+    flops_per_token = announce(run, model_cfg, parts.raw_model, loaders, say)
+    peak = peak_flops(run.device_type)
+    signals = StopSignals(say)
+    bar = tqdm(total=cfg.max_iters, initial=state.step, disable=not run.master, dynamic_ncols=True,
+               mininterval=1.0 if sys.stderr.isatty() else 30.0)
+    aux_meter = AuxMeter()
+    stopped_by = 0
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:                                    # pickled objects, truncated file, not torch at all
-        raise UserError(f"{path} is not a loadable nanomem checkpoint ({type(e).__name__})")
-    if not isinstance(ckpt, dict) or ckpt.get('format') != CKPT_FORMAT:
-        raise UserError(f"{path} is not a nanomem checkpoint")
-    return upgrade_checkpoint(ckpt)
+        parts.model.train()
+        t0 = time.time()
+        while state.step < cfg.max_iters:
+            lr = get_lr(state.step, cfg)
+            for group in parts.optimizer.param_groups:
+                group['lr'] = lr * group['lr_mult']
+            loss = train_step(run, parts, loaders, state, aux_meter)
+            tokens_per_sec = tokens_per_step / (time.time() - t0)
+            t0 = time.time()
+            mfu = flops_per_token * tokens_per_sec / (peak * run.world_size) if peak else None
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
+                            **({'mfu': f"{100 * mfu:.1f}%"} if mfu else {}), refresh=False)
+            if state.step % cfg.log_interval == 0:
+                log({'step': state.step, 'train/loss': loss, 'lr': lr, 'tokens_per_sec': tokens_per_sec,
+                     'tokens': state.step * tokens_per_step, **aux_meter.pop(), **({'mfu': mfu} if mfu else {})})
+            stopped_by = max_over_ranks(signals.received, run)       # every rank stops after the same step
+            if stopped_by:
+                save(is_best=False)
+                say(f"saved {out_dir / 'ckpt.pt'} at step {state.step}; continue with --init_from=resume")
+                break
+            if state.step % cfg.eval_interval == 0 or state.step == cfg.max_iters:
+                result = evaluate(parts.raw_model, evalset, run, model_cfg)
+                say(f"step {state.step}: {cfg.eval_split} {eval_summary(result)}")
+                log(eval_record(cfg, state.step, result))
+                if not math.isfinite(result['loss']):
+                    raise UserError(f"{cfg.eval_split} loss is {result['loss']} at step {state.step}: not saved. "
+                                    f"{last_good(state, cfg)} (try a lower learning_rate or --dtype=float32)")
+                is_best = result['loss'] < state.best_val_loss
+                state.best_val_loss = min(state.best_val_loss, result['loss'])
+                if cfg.always_save_checkpoint or is_best:
+                    save(is_best)
+                t0 = time.time()                                  # do not count eval time as training time
+    finally:
+        bar.close()
+        signals.close()
+        log.close()
+    say(f"done: step {state.step}, best {cfg.eval_split} loss {state.best_val_loss:.4f}, checkpoint in {out_dir}")
+    finish_ddp(run.ddp, parts)
+    return {'step': state.step, 'best_val_loss': state.best_val_loss, 'stopped_by': stopped_by}
 
 
-def upgrade_checkpoint(ckpt):
-    """Checkpoints written before LaMemo left model_xl.py carry model_xl's `lookahead` field. With lookahead=True
-    they hold a LaMemo model (the same weights and memory fields under the same names), so they load as model
-    'lamemo' (use_sdpa never applied to it); with lookahead=False the field is dropped."""
-    cfg = ckpt['model_config']
-    if ckpt['model_name'] != 'xl' or 'lookahead' not in cfg:
-        return ckpt
-    if cfg['lookahead']:
-        return {**ckpt, 'model_name': 'lamemo',
-                'model_config': {k: v for k, v in cfg.items() if k not in ('lookahead', 'use_sdpa')}}
-    return {**ckpt, 'model_config': {k: v for k, v in cfg.items() if k != 'lookahead'}}
-
-
-def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
-    """Rebuild the model a checkpoint holds, with config fields replaced by overrides (the weights must still
-    fit). -> (module, config, model)"""
-    module = import_model(ckpt['model_name'])
-    known = {f.name for f in dataclasses.fields(module.Config)}
-    unknown = set(ckpt['model_config']) - known
-    if unknown:
-        raise UserError(f"{path} has config fields {sorted(unknown)} that model_{ckpt['model_name']}.py "
-                        f"does not know (written by another version)")
-    try:
-        config = module.Config(**{**ckpt['model_config'], **(overrides or {})})
-    except ValueError as e:
-        raise UserError(f"{path}: {e}")
-    model = module.Model(config)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    found = {k: tuple(v.shape) for k, v in ckpt['model'].items()}
-    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
-    reshaped = sorted(k for k in expected.keys() & found.keys() if expected[k] != found[k])
-    if missing or unexpected or reshaped:
-        problem = (f"{len(missing)} missing (e.g. {missing[0]})" if missing else
-                   f"{len(unexpected)} unexpected (e.g. {unexpected[0]})" if unexpected else
-                   f"{reshaped[0]} is {found[reshaped[0]]}, the model expects {expected[reshaped[0]]}")
-        raise UserError(f"{path}: the weights do not fit this model_{ckpt['model_name']}.py config: {problem}")
-    model.load_state_dict(ckpt['model'])
-    return module, config, model
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Optimizer and schedule
-
-
-def configure_optimizer(model, cfg, device_type):
-    """AdamW. Weight decay on weight matrices only; a model may declare lr multipliers with
-    model.lr_multipliers() -> {parameter name: multiplier} (e.g. a gate that should learn faster)."""
-    multipliers = model.lr_multipliers() if hasattr(model, 'lr_multipliers') else {}
-    unknown = set(multipliers) - {n for n, _ in model.named_parameters()}
-    assert not unknown, f"lr_multipliers names unknown parameters {unknown}"
-    groups = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        decay = p.dim() >= 2 and not name.endswith('bias')         # r_w_bias / r_r_bias (u, v) are not decayed
-        key = (decay, multipliers.get(name, 1.0))
-        groups.setdefault(key, []).append(p)
-    param_groups = [{'params': ps, 'weight_decay': cfg.weight_decay if decay else 0.0, 'lr_mult': mult}
-                    for (decay, mult), ps in sorted(groups.items())]
-    fused = device_type == 'cuda'
-    return torch.optim.AdamW(param_groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
-
-
-def get_lr(step, cfg):
-    """Linear warmup, then cosine decay from learning_rate to min_lr over lr_decay_iters."""
-    decay_iters = cfg.lr_decay_iters or cfg.max_iters
-    if step < cfg.warmup_iters:
-        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
-    if step >= decay_iters:
-        return cfg.min_lr
-    ratio = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
-    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
-
-
-# bf16 dense tensor-core peak FLOP/s, for MFU (fp16 is the same on these parts)
-PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'A10G': 125e12, 'L40S': 362e12, 'L4': 121e12,
-              'RTX 4090': 165e12, 'RTX 3090': 71e12, 'V100': 125e12, 'T4': 65e12}
-
-
-def peak_flops(device_type):
-    if device_type != 'cuda':
-        return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Distributed helpers (all no-ops on a single process)
-
-
-def gather_stacked(tensor, world_size):
-    """(...) on every rank -> (world_size, ...) on every rank."""
-    if world_size == 1:
-        return tensor[None]
-    out = [torch.empty_like(tensor) for _ in range(world_size)]
-    torch.distributed.all_gather(out, tensor.contiguous())
-    return torch.stack(out)
-
-
-def all_reduce_sum(values, device, world_size):
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if world_size > 1:
-        torch.distributed.all_reduce(t)
-    return t.tolist()
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Evaluation
+def train_step(run, parts, loaders, state, aux_meter):
+    """One optimizer step: every micro-batch reads bptt_segments segments with the graph kept, backpropagates,
+    and detaches its memory (truncated backprop through time). Returns the mean loss; a NaN/inf loss stops the
+    run before the update."""
+    cfg, model, raw_model, device = run.cfg, parts.model, parts.raw_model, run.device
+    G = len(loaders)
+    loss_sum = 0.0
+    for g in range(G):
+        sync = not run.ddp or g == G - 1                           # all-reduce gradients on the last micro-batch only
+        with (nullcontext() if sync else model.no_sync()):
+            total = 0.0
+            for s in range(cfg.bptt_segments):
+                x, y, reset = loaders[g].get(state.position + s)
+                if reset.any():
+                    state.memories[g] = raw_model.reset_memory(state.memories[g], reset.to(device))
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with run.ctx:
+                    _, loss, state.memories[g], aux = model(x, state.memories[g], y)
+                total = total + loss
+                aux_meter.add(aux)
+            total = total / (G * cfg.bptt_segments)
+            parts.scaler.scale(total).backward()
+            state.memories[g] = detach_memory(state.memories[g])
+            loss_sum += total.detach()
+    if run.ddp:                                                # the mean over ranks: every rank sees a NaN
+        torch.distributed.all_reduce(loss_sum)
+        loss_sum /= run.world_size
+    loss_value = float(loss_sum)
+    if not math.isfinite(loss_value):
+        raise UserError(f"loss is {loss_value} at step {state.step + 1}: stopping before the update. "
+                        f"{last_good(state, cfg)} (try a lower learning_rate or --dtype=float32)")
+    if cfg.grad_clip > 0:
+        parts.scaler.unscale_(parts.optimizer)
+        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
+    parts.scaler.step(parts.optimizer)
+    parts.scaler.update()
+    parts.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    state.position += cfg.bptt_segments
+    return loss_value
 
 
 @torch.no_grad()
@@ -320,76 +339,23 @@ def evaluate(model, evalset, run, model_cfg):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Training
+# Memory helpers: any dataclass of tensors, no model-specific code
 
 
-def resolve_device(name):
-    """'auto' -> cuda, then mps, then cpu. Returns (device, device_type)."""
-    if name == 'auto':
-        name = 'cuda' if torch.cuda.is_available() else 'mps' if torch.backends.mps.is_available() else 'cpu'
-    try:
-        torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device={name} is not a torch device (auto, cpu, cuda, cuda:N or mps)") from None
-    device_type = 'cuda' if name.startswith('cuda') else 'mps' if name.startswith('mps') else 'cpu'
-    if device_type == 'cuda' and not torch.cuda.is_available():
-        raise UserError(f"--device={name} but torch sees no CUDA device")
-    return name, device_type
+def memory_to_dict(memory):
+    return {f.name: getattr(memory, f.name) for f in dataclasses.fields(memory)}
 
 
-def resolve_dtype(dtype, device_type):
-    """'auto' -> bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere."""
-    if dtype != 'auto':
-        return dtype
-    if device_type == 'cuda':
-        return 'bfloat16' if torch.cuda.is_bf16_supported() else 'float16'
-    return 'float32'
+def memory_from_dict(template, values):
+    return dataclasses.replace(template, **{k: v.to(getattr(template, k).device) for k, v in values.items()})
 
 
-def autocast_context(device_type, dtype):
-    """One context for mixed precision, a no-op in float32."""
-    if dtype == 'float32':
-        return nullcontext()
-    return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+def detach_memory(memory):
+    return dataclasses.replace(memory, **{k: v.detach() for k, v in memory_to_dict(memory).items()})
 
 
-@dataclass
-class Run:
-    """How and where this process runs: set up once (setup_run) and handed to every function that needs it."""
-    cfg: TrainConfig
-    device: str = 'cpu'
-    device_type: str = 'cpu'
-    dtype: str = 'float32'
-    ddp: bool = False
-    rank: int = 0
-    world_size: int = 1
-
-    @property
-    def master(self):
-        return self.rank == 0
-
-    @property
-    def ctx(self):
-        """The autocast context of this run's dtype (a no-op in float32); enter a fresh one each time."""
-        return autocast_context(self.device_type, self.dtype)
-
-
-def setup_run(cfg):
-    """The device, precision and (under torchrun) the process group."""
-    ddp = int(os.environ.get('RANK', -1)) != -1
-    device, device_type = resolve_device(cfg.device)
-    rank, world_size = 0, 1
-    if ddp:
-        if device.startswith('cuda'):   # bind the process group to this rank's GPU (else NCCL's barrier guesses it)
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
-            torch.cuda.set_device(device)
-            torch.distributed.init_process_group(backend='nccl', device_id=torch.device(device))
-        else:
-            torch.distributed.init_process_group(backend='gloo')
-        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    return Run(cfg, device, device_type, resolve_dtype(cfg.dtype, device_type), ddp, rank, world_size)
+# -----------------------------------------------------------------------------------------------------------
+# What a step updates, what it reads, where it starts
 
 
 @dataclass
@@ -402,15 +368,19 @@ class Parts:
     scaler: torch.amp.GradScaler
 
 
-def build_model(cfg, module, model_cfg, given, path, device):
+def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device):
     """The model to train: a fresh one, or (--init_from=resume, --eval_only) the checkpoint's. On resume the
     architecture comes from the checkpoint and flags may not contradict it; --eval_only may change model flags
     that keep the weights (clamp_len, same_length, mem_len, ...). -> (model_cfg, model, checkpoint or None)"""
     if cfg.init_from != 'resume' and not cfg.eval_only:
         return model_cfg, module.Model(model_cfg), None
-    ckpt = load_checkpoint(path, device)
+    path = Path(cfg.out_dir) / 'ckpt.pt'
+    ckpt = load_checkpoint(path, device, keys=MODEL_KEYS + ('step',) if cfg.eval_only else RESUME_KEYS)
     if ckpt['model_name'] != cfg.model:
         raise UserError(f"{path} holds a {ckpt['model_name']!r} model, not --model={cfg.model}")
+    if tokenizer is not None and ckpt.get('tokenizer', tokenizer.describe()) != tokenizer.describe():
+        raise UserError(f"{path} was trained on {ckpt['tokenizer']['tokenizer']} tokens, but {data_dir} holds "
+                        f"{tokenizer.name} tokens")
     saved = ckpt['model_config']
     clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k)]
     if clash and not cfg.eval_only:
@@ -427,7 +397,8 @@ def load_data(run, model_cfg, data_dir, meta, tokenizer):
     train_data = load_split(data_dir, 'train')
     eval_data = load_split(data_dir, cfg.eval_split)
     if meta.get('vocab_size', 0) > model_cfg.vocab_size:
-        raise UserError(f"the data's vocabulary ({meta['vocab_size']}) is larger than vocab_size={model_cfg.vocab_size}")
+        raise UserError(f"the data's vocabulary ({meta['vocab_size']}) is larger than "
+                        f"vocab_size={model_cfg.vocab_size}")
     doc_starts = None
     if cfg.reset_at_doc:
         docs_path = data_dir / 'train_docs.npy'
@@ -448,6 +419,11 @@ class TrainState:
     position: int = 0                  # segments read by every stream
     best_val_loss: float = float('inf')
     memories: list = None              # one Memory per micro-batch
+    saved_step: typing.Optional[int] = None  # step of the checkpoint in out_dir (None: there is none yet)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Checkpoint contents (the files themselves: runs.py)
 
 
 def restore(ckpt, run, parts, state):
@@ -464,9 +440,10 @@ def restore(ckpt, run, parts, state):
     state.step, state.position, state.best_val_loss = ckpt['step'], ckpt['data_position'], ckpt['best_val_loss']
     state.memories = [memory_from_dict(m, {k: v[rank] for k, v in stored.items()})
                       for m, stored in zip(state.memories, ckpt['memory'])]
-    torch.set_rng_state(ckpt['rng']['cpu'][rank].cpu())
+    state.saved_step = ckpt['step']
+    torch.set_rng_state(ckpt['rng']['cpu'][rank].cpu().clone())   # a copy: a row of the stacked tensor is refused
     if run.device_type == 'cuda' and 'cuda' in ckpt['rng']:
-        torch.cuda.set_rng_state(ckpt['rng']['cuda'][rank].cpu())
+        torch.cuda.set_rng_state(ckpt['rng']['cuda'][rank].cpu().clone())
 
 
 def checkpoint_state(run, model_cfg, parts, state, tokenizer=None):
@@ -495,6 +472,60 @@ def checkpoint_state(run, model_cfg, parts, state, tokenizer=None):
     }
 
 
+def last_good(state, cfg):
+    """Where a run that went wrong can go back to: the checkpoint this run saved or resumed from, if any."""
+    path = Path(cfg.out_dir) / 'ckpt.pt'
+    if state.saved_step is None:
+        return f"No checkpoint was written yet ({path})"
+    return f"The last good checkpoint is {path} (step {state.saved_step})"
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Optimizer, schedule, what is logged
+
+
+def configure_optimizer(model, cfg, device_type):
+    """AdamW. Weight decay on weight matrices only; a model may declare lr multipliers with
+    model.lr_multipliers() -> {parameter name: multiplier} (e.g. a gate that should learn faster)."""
+    multipliers = model.lr_multipliers() if hasattr(model, 'lr_multipliers') else {}
+    unknown = set(multipliers) - {n for n, _ in model.named_parameters()}
+    assert not unknown, f"lr_multipliers names unknown parameters {unknown}"
+    groups = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        decay = p.dim() >= 2 and not name.endswith('bias')         # r_w_bias / r_r_bias (u, v) are not decayed
+        key = (decay, multipliers.get(name, 1.0))
+        groups.setdefault(key, []).append(p)
+    param_groups = [{'params': ps, 'weight_decay': cfg.weight_decay if decay else 0.0, 'lr_mult': mult}
+                    for (decay, mult), ps in sorted(groups.items())]
+    fused = device_type == 'cuda'
+    return torch.optim.AdamW(param_groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), fused=fused)
+
+
+def get_lr(step, cfg):
+    """Linear warmup, then cosine decay from learning_rate to min_lr over lr_decay_iters."""
+    decay_iters = cfg.lr_decay_iters or cfg.max_iters
+    if step < cfg.warmup_iters:
+        return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
+    if step >= decay_iters:
+        return cfg.min_lr
+    ratio = (step - cfg.warmup_iters) / max(1, decay_iters - cfg.warmup_iters)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (cfg.learning_rate - cfg.min_lr)
+
+
+# bf16 dense tensor-core peak FLOP/s, for MFU (fp16 is the same on these parts)
+PEAK_FLOPS = {'H200': 989e12, 'H100': 989e12, 'A100': 312e12, 'A10G': 125e12, 'L40S': 362e12, 'L4': 121e12,
+              'RTX 4090': 165e12, 'RTX 3090': 71e12, 'V100': 125e12, 'T4': 65e12}
+
+
+def peak_flops(device_type):
+    if device_type != 'cuda':
+        return None
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
 class AuxMeter:
     """Means of the model's aux values (floats, or tensors such as a gate per head) between two log lines."""
 
@@ -517,189 +548,8 @@ class AuxMeter:
         return out
 
 
-def train_step(run, parts, loaders, state, aux_meter):
-    """One optimizer step: every micro-batch reads bptt_segments segments with the graph kept, backpropagates,
-    and detaches its memory (truncated backprop through time). Returns the mean loss; a NaN/inf loss stops the
-    run before the update."""
-    cfg, model, raw_model, device = run.cfg, parts.model, parts.raw_model, run.device
-    G = len(loaders)
-    loss_sum = 0.0
-    for g in range(G):
-        sync = not run.ddp or g == G - 1                           # all-reduce gradients on the last micro-batch only
-        with (nullcontext() if sync else model.no_sync()):
-            total = 0.0
-            for s in range(cfg.bptt_segments):
-                x, y, reset = loaders[g].get(state.position + s)
-                if reset.any():
-                    state.memories[g] = raw_model.reset_memory(state.memories[g], reset.to(device))
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                with run.ctx:
-                    _, loss, state.memories[g], aux = model(x, state.memories[g], y)
-                total = total + loss
-                aux_meter.add(aux)
-            total = total / (G * cfg.bptt_segments)
-            parts.scaler.scale(total).backward()
-            state.memories[g] = detach_memory(state.memories[g])
-            loss_sum += total.detach()
-    if run.ddp:                                                # the mean over ranks: every rank sees a NaN
-        torch.distributed.all_reduce(loss_sum)
-        loss_sum /= run.world_size
-    loss_value = float(loss_sum)
-    if not math.isfinite(loss_value):
-        last = Path(cfg.out_dir) / 'ckpt.pt'
-        kept = f"The last good checkpoint is {last}" if last.exists() else f"No checkpoint was written yet ({last})"
-        raise UserError(f"loss is {loss_value} at step {state.step + 1}: stopping before the update. {kept} (try a "
-                        f"lower learning_rate or --dtype=float32)")
-    if cfg.grad_clip > 0:
-        parts.scaler.unscale_(parts.optimizer)
-        torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-    parts.scaler.step(parts.optimizer)
-    parts.scaler.update()
-    parts.optimizer.zero_grad(set_to_none=True)
-    state.step += 1
-    state.position += cfg.bptt_segments
-    return loss_value
-
-
-class SigintHandler:
-    """Ctrl-C asks the loop to finish the current step, save and exit; a second Ctrl-C stops at once. Restores
-    the previous handler on close (not installed under DDP, where torchrun owns signals)."""
-
-    def __init__(self, enabled, say):
-        self.requested, self.say, self.previous = False, say, None
-        if enabled:
-            self.previous = signal.signal(signal.SIGINT, self)
-
-    def __call__(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        self.say("\ninterrupt: finishing this step and saving a checkpoint (Ctrl-C again to stop now)")
-
-    def close(self):
-        if self.previous is not None:                          # a finished run leaves Ctrl-C as it was
-            signal.signal(signal.SIGINT, self.previous)
-
-
-def train(argv):
-    """Train (or with --eval_only, evaluate) as the flags say; returns a small summary dict."""
-    cfg, module, model_cfg, given = parse_args(argv)
-    run = setup_run(cfg)
-    torch.manual_seed(cfg.seed + run.rank)
-    data_dir = Path(cfg.data_dir or REPO / 'data' / cfg.dataset)
-    meta = load_meta(data_dir)
-    tokenizer = data_tokenizer(meta)
-    model_cfg = vocab_from_data(model_cfg, given, tokenizer)
-    ckpt_path = Path(cfg.out_dir) / 'ckpt.pt'
-    model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, ckpt_path, run.device)
-    if ckpt is not None and tokenizer is not None and ckpt.get('tokenizer', tokenizer.describe()) != tokenizer.describe():
-        raise UserError(f"{ckpt_path} was trained on {ckpt['tokenizer']['tokenizer']} tokens, but {data_dir} holds "
-                        f"{tokenizer.name} tokens")
-    loaders, evalset = load_data(run, model_cfg, data_dir, meta, tokenizer)
-    raw_model = model.to(run.device)
-    parts = Parts(raw_model, raw_model, configure_optimizer(raw_model, cfg, run.device_type),
-                  torch.amp.GradScaler(run.device_type, enabled=(run.dtype == 'float16')))
-    state = TrainState(memories=[raw_model.init_memory(cfg.batch_size, run.device) for _ in loaders])
-    if ckpt is not None and not cfg.eval_only:
-        restore(ckpt, run, parts, state)
-    elif ckpt is not None:
-        state.step = ckpt['step']                                # --eval_only: report which step was evaluated
-    ckpt = None                                                  # free it
-    if cfg.eval_only:
-        result = evaluate(raw_model, evalset, run, model_cfg)
-        if run.master:
-            print(json.dumps(eval_record(cfg, state.step, result)))
-        finish_ddp(run.ddp)
-        return result
-    if cfg.compile is None:
-        cfg.compile = run.device_type == 'cuda'
-    if cfg.compile:
-        parts.model = torch.compile(parts.model)
-    if run.ddp:
-        parts.model = torch.nn.parallel.DistributedDataParallel(
-            parts.model, device_ids=[int(run.device.split(':')[1])] if run.device_type == 'cuda' else None)
-    return fit(run, model_cfg, parts, loaders, evalset, state, tokenizer)
-
-
 def eval_record(cfg, step, result):
     return {'step': step, **{f'{cfg.eval_split}/{k}': v for k, v in result.items()}}
-
-
-def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
-    """The training loop: steps, log lines, evaluations and checkpoints until max_iters (or Ctrl-C)."""
-    from tqdm import tqdm
-    cfg, out_dir = run.cfg, Path(run.cfg.out_dir)
-    say = tqdm.write if run.master else (lambda *a, **k: None)  # prints above the progress bar
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log = JsonLog(out_dir / 'log.jsonl' if run.master else None)
-
-    def save(is_best):
-        ckpt = checkpoint_state(run, model_cfg, parts, state, tokenizer)
-        if run.master:
-            save_checkpoint(ckpt, out_dir / 'ckpt.pt')
-            if is_best:
-                save_checkpoint(ckpt, out_dir / 'best.pt')
-
-    tokens_per_step = run.world_size * len(loaders) * cfg.batch_size * cfg.bptt_segments * model_cfg.seg_len
-    flops_per_token = announce(run, model_cfg, parts.raw_model, loaders, say)
-    peak = peak_flops(run.device_type)
-    sigint = SigintHandler(enabled=not run.ddp, say=say)
-    bar = tqdm(total=cfg.max_iters, initial=state.step, disable=not run.master, dynamic_ncols=True,
-               mininterval=1.0 if sys.stderr.isatty() else 30.0)
-    aux_meter = AuxMeter()
-    try:
-        parts.model.train()
-        t0 = time.time()
-        while state.step < cfg.max_iters:
-            lr = get_lr(state.step, cfg)
-            for group in parts.optimizer.param_groups:
-                group['lr'] = lr * group['lr_mult']
-            loss = train_step(run, parts, loaders, state, aux_meter)
-            tokens_per_sec = tokens_per_step / (time.time() - t0)
-            t0 = time.time()
-            mfu = flops_per_token * tokens_per_sec / (peak * run.world_size) if peak else None
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tokens_per_sec:,.0f}",
-                            **({'mfu': f"{100 * mfu:.1f}%"} if mfu else {}), refresh=False)
-            if state.step % cfg.log_interval == 0:
-                log({'step': state.step, 'train/loss': loss, 'lr': lr, 'tokens_per_sec': tokens_per_sec,
-                     'tokens': state.step * tokens_per_step, **aux_meter.pop(), **({'mfu': mfu} if mfu else {})})
-            if sigint.requested:
-                save(is_best=False)
-                say(f"saved {out_dir / 'ckpt.pt'} at step {state.step}; continue with --init_from=resume")
-                break
-            if state.step % cfg.eval_interval == 0 or state.step == cfg.max_iters:
-                result = evaluate(parts.raw_model, evalset, run, model_cfg)
-                is_best = result['loss'] < state.best_val_loss
-                state.best_val_loss = min(state.best_val_loss, result['loss'])
-                say(f"step {state.step}: {cfg.eval_split} {eval_summary(result)}")
-                log(eval_record(cfg, state.step, result))
-                if cfg.always_save_checkpoint or is_best:
-                    save(is_best)
-                t0 = time.time()                                  # do not count eval time as training time
-    finally:
-        bar.close()
-        sigint.close()
-        log.close()
-    say(f"done: step {state.step}, best {cfg.eval_split} loss {state.best_val_loss:.4f}, checkpoint in {out_dir}")
-    finish_ddp(run.ddp, parts)
-    return {'step': state.step, 'best_val_loss': state.best_val_loss}
-
-
-class JsonLog:
-    """log.jsonl, one JSON record a line, flushed at once; a no-op on ranks other than 0 (path None)."""
-
-    def __init__(self, path):
-        self.file = open(path, 'a') if path is not None else None
-
-    def __call__(self, record):
-        if self.file is not None:
-            self.file.write(json.dumps(record) + '\n')
-            self.file.flush()
-
-    def close(self):
-        if self.file is not None:
-            self.file.close()
 
 
 def eval_summary(result):
@@ -722,19 +572,20 @@ def announce(run, model_cfg, model, loaders, say):
     return model.flops_per_token() if hasattr(model, 'flops_per_token') else 6 * n_params
 
 
-def finish_ddp(ddp, parts=None):
-    """End a DDP run: wait for every rank, drop the DDP wrapper (its reducer holds the process group, which would
-    otherwise be freed during interpreter exit, when gloo's threads may abort the process), then destroy the group."""
-    if ddp:
-        torch.distributed.barrier()                              # rank 0 may still be writing the checkpoint
-        if parts is not None:
-            parts.model = parts.raw_model
-            gc.collect()
-        torch.distributed.destroy_process_group()
-
-
 def main(argv=None):
-    run_cli(train, argv)
+    """The command line. Exit status: 0 when done; 2 for a user error (one `error:` line); 128 + the signal's number
+    (130 for Ctrl-C, 143 for SIGTERM) when a signal stopped the run: saved, continue with --init_from=resume. A second
+    signal, or one before training starts, stops at once without saving, in one line and with the same status."""
+    summary = {}
+    try:
+        run_cli(lambda args: summary.update(train(args)), argv)
+    except KeyboardInterrupt as e:
+        signum = e.args[0] if e.args else signal.SIGINT
+        print(f"{signal.Signals(signum).name}: stopped at once, without saving (the checkpoints in out_dir are kept)",
+              file=sys.stderr)
+        sys.exit(128 + signum)
+    if summary.get('stopped_by'):
+        sys.exit(128 + summary['stopped_by'])
 
 
 if __name__ == '__main__':

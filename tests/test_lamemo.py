@@ -379,57 +379,29 @@ def test_config_needs_two_layers():
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 3b. checkpoints made before LaMemo left model_xl.py (model 'xl', lookahead=True) load as model 'lamemo'
-
-# model_xl.Config(vocab_size=97, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0, dropatt=0,
-# seg_len=4, mem_len=6, init_std=0.5, lookahead=True) as saved in a checkpoint's model_config, its state_dict keys
-# and shapes, and the logits it gave (torch.manual_seed(0), float64, tokens(2, 11, seed=3) in segments of 4, 3, 4):
-# all recorded from model_xl.py before the move.
-OLD_XL_CONFIG = {'vocab_size': 97, 'n_layer': 2, 'n_head': 2, 'n_embd': 16, 'd_head': 8, 'd_inner': 32,
-                 'dropout': 0.0, 'dropatt': 0.0, 'seg_len': 4, 'mem_len': 6, 'clamp_len': 0, 'same_length': False,
-                 'pre_lnorm': False, 'untie_r': True, 'init_std': 0.5, 'use_sdpa': True, 'lookahead': True}
-XL_ONLY_FIELDS = ('lookahead', 'use_sdpa')     # use_sdpa never applied to LaMemo (it stores log-sum-exps)
-OLD_STATE_SHAPES = [('r_w_bias', (2, 2, 8)), ('r_r_bias', (2, 2, 8)), ('r_r_bias_future', (1, 2, 8)),
-                    ('word_emb.weight', (97, 16))] + [
-    (f'layers.{n}.{name}', shape) for n in range(2) for name, shape in [
-        ('attn.q_net.weight', (16, 16)), ('attn.kv_net.weight', (32, 16)), ('attn.r_net.weight', (16, 16)),
-        ('attn.o_net.weight', (16, 16)), ('attn.layer_norm.weight', (16,)), ('attn.layer_norm.bias', (16,)),
-        ('ff.net.0.weight', (32, 16)), ('ff.net.0.bias', (32,)), ('ff.net.3.weight', (16, 32)),
-        ('ff.net.3.bias', (16,)), ('ff.layer_norm.weight', (16,)), ('ff.layer_norm.bias', (16,))]]
-OLD_MEMORY_FIELDS = ['mem', 'length', 'attn_vec', 'attn_lse', 'prev_len']
-OLD_LAST_LOGITS = [[-0.8143934538756438, -0.4398698267519663, -0.42489028703130666, 2.058603095985096,
-                    1.1376662856702204, 1.231390110038821],
-                   [-1.8067896059905453, -0.2592564511581238, 1.898234545423904, -0.2234660454883674,
-                    0.6368992706314658, -0.37718144673822596]]
+# 3b. checkpoints made before LaMemo left model_xl.py (model 'xl', lookahead=True) are refused in one line
 
 
-def old_checkpoint_model():
-    config = Config(**{k: v for k, v in OLD_XL_CONFIG.items() if k not in XL_ONLY_FIELDS})
-    torch.manual_seed(0)
-    return Model(config).to(F64).eval()
-
-
-def test_old_lookahead_checkpoint_keys_shapes_and_memory_fields():
-    """The weights of an old checkpoint fit key for key, in the same order, and train.py's saved memory (a dict of
-    the Memory fields) restores into the same fields."""
-    model = old_checkpoint_model()
-    assert [(k, tuple(v.shape)) for k, v in model.state_dict().items()] == OLD_STATE_SHAPES
-    assert list(vars(model.init_memory(2, 'cpu'))) == OLD_MEMORY_FIELDS
-    assert set(OLD_XL_CONFIG) - set(XL_ONLY_FIELDS) == set(vars(model.config))
-
-
-def test_old_lookahead_model_logits_are_unchanged():
-    """Same seed, same initialisation order, same computation: the logits model_xl.py's LaMemo gave (hard-coded,
-    float64) after two refreshes, one with a 3-token window. A Transformer-XL twin gives others."""
-    model = old_checkpoint_model()
-    idx = tokens(2, 11, seed=3)
-    with torch.no_grad():
-        logits, _ = run_segments(model, idx, model.init_memory(2, 'cpu'), [4, 3, 4])
-        xl = xl_twin(model)
-        xl_logits, _ = run_segments(xl, idx, xl.init_memory(2, 'cpu'), [4, 3, 4])
-    expected = torch.tensor(OLD_LAST_LOGITS, dtype=F64)
-    assert_close(logits[:, -1, :6], expected, atol=1e-9, rtol=0)
-    assert differs(xl_logits[:, -1, :6], expected, atol=1e-3)
+def test_old_lookahead_checkpoint_is_a_one_line_error_that_says_what_to_do(tmp_path):
+    """What train.py saved for `--model=xl --lookahead=True` before LaMemo had its own file: a LaMemo model under
+    model_name 'xl', with model_xl.py's lookahead and use_sdpa fields. It is not upgraded any more: loading it says
+    to retrain with --model=lamemo or to use the last commit that loads it."""
+    import train
+    model = make_model(dtype=torch.float32)
+    config = dict(vars(model.config), lookahead=True, use_sdpa=True)
+    path = tmp_path / 'ckpt.pt'
+    torch.save({'format': train.CKPT_FORMAT, 'model_name': 'xl', 'model_config': config,
+                'model': model.state_dict()}, path)
+    with pytest.raises(train.UserError) as e:
+        train.load_checkpoint(path)
+    message = str(e.value)
+    assert '\n' not in message and str(path) in message
+    for fragment in ('made by model_xl.py with --lookahead', 'retrain with --model=lamemo', 'commit b4b2c3e'):
+        assert fragment in message, message
+    torch.save({'format': train.CKPT_FORMAT, 'model_name': 'lamemo', 'model_config': vars(model.config),
+                'model': model.state_dict()}, path)                   # the same model saved as LaMemo loads
+    _, _, loaded = train.model_from_checkpoint(train.load_checkpoint(path))
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
 
 
 def test_different_memory_gives_different_logits_and_mem_len_override():
