@@ -16,6 +16,7 @@ import importlib
 import inspect
 import io
 import math
+import os
 import sys
 import textwrap
 import tokenize
@@ -250,11 +251,14 @@ def parse_args(argv, train_cls, allow_model_fields=True):
     return train_cfg, module, model_cfg, set(overrides)
 
 
-
 def run_cli(fn, argv=None):
-    """Run fn(argv); bad input is one line on stderr and exit status 2, never a traceback."""
+    """Run fn(argv); bad input is one line on stderr and exit status 2, never a traceback. When whatever reads
+    stdout goes away (`| head`), stop quietly with status 141 (128 + SIGPIPE), as Unix tools do."""
     try:
         fn(sys.argv[1:] if argv is None else argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no second error when Python exits
+        sys.exit(141)

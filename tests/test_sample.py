@@ -219,3 +219,17 @@ def test_ctrl_c_is_one_line_and_keeps_the_text(when, ckpt_dir, model, enc):
     if when == 'while sampling':
         expected = prompt + decode(enc, greedy(model, enc.encode(prompt), 300))
         assert len(out) > len(prompt) and out[:len(expected)] == expected[:len(out)]
+
+
+def test_output_cut_short_by_its_reader_is_quiet(ckpt_dir):
+    """`sample.py ... | head -c 50`: when the reader of stdout goes away, exit 141 (128 + SIGPIPE), no traceback."""
+    proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={ckpt_dir}', '--max_new_tokens=100000',
+                             '--device=cpu'], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert os.read(proc.stdout.fileno(), 50)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 141 and err == '', err
