@@ -5,8 +5,10 @@ Flags and config files for train.py, sample.py and bench/ (nanoGPT's configurato
 
 Every flag is `--name=value` and names a field of the script's dataclass or of the chosen model's Config
 (model_<name>.py); a `config/*.py` argument is a file of `name = literal` lines, parsed with ast, never executed.
-Values are converted to the field's type. Anything else (an unknown or mistyped flag, a wrong type, a value the
-dataclass's __post_init__ refuses) raises UserError, which run_cli prints as one `error: ...` line.
+Values are converted to the field's type (a float must be finite). Anything else (an unknown or mistyped flag, a
+wrong type, a value the dataclass's __post_init__ refuses) raises UserError, which run_cli prints as one
+`error: ...` line. `--help` (or `-h`) prints every flag with its default and the comment written after the field
+in the dataclass's source (for train.py: TrainConfig's, then those of the --model chosen), and exits with 0.
 """
 
 import ast
