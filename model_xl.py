@@ -15,14 +15,14 @@ Two ideas, both in the attention:
      u is `r_w_bias`, v is `r_r_bias`. (b)+(d) is computed for all distances at once and moved into place with
      the "rel-shift" trick (see `rel_shift`).
 
-Reading order: Config → Memory → small blocks (copied between model files on purpose) → relative attention →
-block → model (init, forward, memory update, generate). LaMemo (look-ahead memory) is model_lamemo.py.
-
 Deliberate deviations from the paper's code (also listed in the README):
   - GPT-2 BPE tokens with a full tied softmax instead of word-level adaptive input/softmax; no output bias.
   - pre-LN (`pre_lnorm=True`) adds a final LayerNorm before the output layer, as pre-LN models need.
-  - The memory is a fixed-shape buffer (mem_len slots, right-aligned) plus a count of valid slots per row, so a
-    fresh stream is masked instead of being a shorter tensor; with a full memory the result is identical.
+  - A fixed-shape memory (mem_len slots, right-aligned) with a count of valid slots per row: a fresh stream is masked.
+
+Letters: B rows, T tokens of the segment, M memory slots, K = M + T keys, H heads, D = d_head, C = n_embd.
+Reading order: relative attention (R, rel-shift, attention, block), the model (memory, forward, generate), then
+the generic blocks every model file copies. LaMemo (look-ahead memory) is model_lamemo.py.
 """
 
 import math
@@ -83,40 +83,7 @@ class OpenSegment:
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Small blocks. These are shared by design with the other model files, which copy them verbatim.
-
-# Copied from model_xl.py (PositionwiseFF)
-class PositionwiseFF(nn.Module):
-    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
-
-    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
-        )
-        self.layer_norm = nn.LayerNorm(n_embd)
-        self.pre_lnorm = pre_lnorm
-
-    def forward(self, x):
-        if self.pre_lnorm:
-            return x + self.net(self.layer_norm(x))
-        return self.layer_norm(x + self.net(x))
-
-
-# Copied from model_xl.py (ScaledEmbedding)
-class ScaledEmbedding(nn.Module):
-    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
-    Its weight is tied to the output layer."""
-
-    def __init__(self, vocab_size, n_embd):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
-        self.scale = n_embd ** 0.5
-
-    def forward(self, idx):
-        return F.embedding(idx, self.weight) * self.scale
-
+# Relative attention (§3.3): the sinusoid R, the rel-shift, u and v
 
 # Copied from model_xl.py (PositionalEmbedding)
 class PositionalEmbedding(nn.Module):
@@ -130,51 +97,6 @@ class PositionalEmbedding(nn.Module):
     def forward(self, pos_seq):                                   # pos_seq: (K,) float
         sinusoid = torch.outer(pos_seq, self.inv_freq)            # (K, n_embd/2)
         return torch.cat([sinusoid.sin(), sinusoid.cos()], -1)    # (K, n_embd)
-
-
-# Copied from model_xl.py (sample_next)
-def sample_next(logits, temperature=1.0, top_k=None):
-    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
-    if temperature == 0.0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
-    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
-
-
-# Copied from model_xl.py (decode)
-def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
-    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
-    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
-    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
-    turns that segment into the memory, as forward() does at the end of a segment.
-    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
-    if idx.size(1) == 0:
-        raise ValueError("generate needs at least one token in idx")
-    seg_pos = 0                                                   # tokens of the open segment so far
-
-    def feed(tokens):
-        nonlocal seg_pos
-        seg_pos = (seg_pos + tokens.size(1)) % seg_len
-        return step(tokens, closes_segment=seg_pos == 0)
-
-    for start in range(0, idx.size(1), seg_len):
-        logits = feed(idx[:, start:start + seg_len])
-    for i in range(max_new_tokens):
-        idx_next = sample_next(logits, temperature, top_k)
-        idx = torch.cat([idx, idx_next], dim=1)
-        if callback is not None:
-            callback(idx_next)
-        if i + 1 < max_new_tokens:
-            logits = feed(idx_next)
-    return idx
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Relative attention
 
 
 # Copied from model_xl.py (rel_shift)
@@ -448,3 +370,80 @@ class Model(nn.Module):
             return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
 
         return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Generic blocks, which the other model files copy verbatim (tests/test_copies.py keeps them identical)
+
+# Copied from model_xl.py (PositionwiseFF)
+class PositionwiseFF(nn.Module):
+    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
+
+    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(n_embd)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, x):
+        if self.pre_lnorm:
+            return x + self.net(self.layer_norm(x))
+        return self.layer_norm(x + self.net(x))
+
+
+# Copied from model_xl.py (ScaledEmbedding)
+class ScaledEmbedding(nn.Module):
+    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
+    Its weight is tied to the output layer."""
+
+    def __init__(self, vocab_size, n_embd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
+        self.scale = n_embd ** 0.5
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight) * self.scale
+
+
+# Copied from model_xl.py (sample_next)
+def sample_next(logits, temperature=1.0, top_k=None):
+    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
+    if temperature == 0.0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
+    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
+
+
+# Copied from model_xl.py (decode)
+def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
+    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
+    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
+    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
+    turns that segment into the memory, as forward() does at the end of a segment.
+    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+    if idx.size(1) == 0:
+        raise ValueError("generate needs at least one token in idx")
+    seg_pos = 0                                                   # tokens of the open segment so far
+
+    def feed(tokens):
+        nonlocal seg_pos
+        seg_pos = (seg_pos + tokens.size(1)) % seg_len
+        return step(tokens, closes_segment=seg_pos == 0)
+
+    for start in range(0, idx.size(1), seg_len):
+        logits = feed(idx[:, start:start + seg_len])
+    for i in range(max_new_tokens):
+        idx_next = sample_next(logits, temperature, top_k)
+        idx = torch.cat([idx, idx_next], dim=1)
+        if callback is not None:
+            callback(idx_next)
+        if i + 1 < max_new_tokens:
+            logits = feed(idx_next)
+    return idx
