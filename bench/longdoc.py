@@ -57,8 +57,9 @@ afresh and writes nothing.
 
 Output: the tables (printed), bench/results/longdoc[_NAME].json (--name; --out overrides the path) with per run
 and per label the bucket rows and the per-document sums (so other statistics can be computed), runs, data and
-files named by paths relative to the repository (common.write_json), and a plot (.png next to the JSON): the loss against log position (bucket midpoints, error bars: se across documents), and each
-label's difference to the baseline (error bars: se_total).
+files named by paths relative to the repository (common.write_json), and a plot (.png next to the JSON): the
+loss against log position (bucket midpoints, error bars: se across documents), and each label's difference to the
+baseline (error bars: se_total).
 
 Caveat: the sticky ∞-former (sticky=True) draws its memory's sample points from per-row random numbers, so its
 per-document numbers depend on which row read the document (every other model's do not: tests/test_longdoc.py).
