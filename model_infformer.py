@@ -1,45 +1,33 @@
 """
 ∞-former (Martins, Marinho and Martins, 2022, "∞-former: Infinite Memory Transformer", ACL, arXiv 2109.00301),
-in one file.
+in one file: a Transformer-XL (short-term memory, STM: the last `mem_len` hidden states of every layer, relative
+positions) whose attention also reads a continuous long-term memory (LTM) of fixed size, however long the text.
+  §3.1 The LTM of a layer is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1] (Eq. 7): ψ are N Gaussian RBFs and B (N × e,
+       `ltm_B`) is fitted to the vectors it stores by ridge regression (Eq. 5: Bᵀ = XᵀG). Each head reads it with a
+       density N(t; μ, σ²) whose μ (Eq. 9) and σ² (Eq. 10) are affine in its query's scores against the keys B W^K
+       (Eq. 8); the value E_p[V̄(t)] = (B W^V)ᵀ E_p[ψ(t)] is in closed form (Eq. 11). W^O projects the heads into
+       Z_LTM, added to the STM attention's output before the residual: Z = Z_T + Z_LTM (Eq. 12).
+  §3.2 Unbounded memory: the vectors that leave the STM enter the LTM. The old signal is read at M = `n_samples`
+       points squeezed into [0, τ] (Eqs. 13-14), the new vectors go into ]τ, 1] (Eq. 15), and one ridge regression
+       over both gives the new B (Eq. 5 again). B's size never changes.
+  §3.3 Sticky memories (`sticky=True`): the M points are drawn from a histogram of the attention the previous step
+       paid to each bin of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
+  §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 18); a KL term pulls every density's
+       σ² toward σ₀² (Eq. 20), added to the loss with weight `kl_weight` (Eq. 21).
+Equation numbers count the display equations of arXiv v3 (the copy in seeds/000 lost its tags). "The authors' code"
+is github.com/deep-spin/infinite-former: finetune_gpt2/src/transformers/models/gpt2/ (long_term_attention.py,
+modeling_gpt2.py: the language-modelling runs) and sorting/ (a Transformer-XL). tests/test_infformer.py checks each
+piece against a naive reference; ablations outside the paper subclass this file in lab/model_infformer_probes.py.
 
-A Transformer-XL (short-term memory, STM: the last `mem_len` hidden states of every layer, relative positions)
-whose attention also reads a continuous long-term memory (LTM) of fixed size, however long the text:
-  §3.1 Continuous attention. The LTM of a layer is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1] (Eq. 7), where ψ are N
-       Gaussian RBFs and B (N × e, `ltm_B`) is fitted by ridge regression to the vectors it stores (Eq. 5:
-       Bᵀ = XᵀG). Each head reads it with a Gaussian density N(t; μ, σ²) whose μ (Eq. 9) and σ² (Eq. 10) come
-       from its query's scores against the keys B W^K (Eq. 8); the value is E_p[V̄(t)] = (B W^V)ᵀ E_p[ψ(t)], in
-       closed form (Eq. 11). The heads' values are projected by W^O into Z_LTM, which is added to the STM
-       attention's output before the residual: Z = Z_T + Z_LTM (Eq. 12).
-  §3.2 Unbounded memory. The vectors that leave the STM enter the LTM: the old signal is evaluated at M =
-       `n_samples` points, squeezed into [0, τ] (Eqs. 13-14), the new vectors go into ]τ, 1] (Eq. 15), and one
-       ridge regression over both gives the new B (Eq. 5 again). B's size never changes.
-  §3.3 Sticky memories (`sticky=True`). The M points are drawn from a histogram of the attention the previous
-       step paid to each bin of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
-  §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 18); a KL term pulls every
-       attention density's σ² toward σ₀² (Eq. 20, added to the loss by Eq. 21, weight `kl_weight`).
-Equation numbers count the display equations of arXiv v3 (the copy in seeds/000 lost its tags); the text's own
-references confirm Eqs. 2, 5, 6, 14 and 16 (hence μ and σ² are two equations, 9 and 10), not Eqs. 20-21.
-"The authors' code" below is github.com/deep-spin/infinite-former: finetune_gpt2/src/transformers/models/gpt2/
-(long_term_attention.py, modeling_gpt2.py; the language-modelling runs) and sorting/ (a Transformer-XL).
-
-Deliberate deviations (also in the README):
+Deviations (also in the README), one line each:
   - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.
-  - The μ/σ² maps have a bias (the paper's "affine"; the authors' have none), and the KL pulls σ² alone (the paper's
-    μ₀ = μ_h; the authors' LM configs also pull μ toward -1): see LongTermAttention and LongTermMemory.kl.
-  - `mu_readout='pointer'` (off by default) replaces Eq. 9's μ by the basis centres averaged under softmax(scores):
-    an ablation outside the paper, for a read that can point at one token (bench/README.md, recall).
-  - `sigma_sq_anneal` (off by default) caps σ² on a schedule that narrows from wide to sharp over training: an
-    ablation outside the paper, to learn whether a read that starts wide finds a token once it narrows.
-  - `ltm_read='discrete'` (off by default) replaces the Gaussian read (Eqs. 9-11) by softmax attention over the
-    signal at the M points m/M: an ablation outside the paper that tells the read's limits from the write's.
-  - Sticky memories draw each point uniformly inside its sampled bin (the authors take the bin's left edge), with
-    a counter-based hash of a per-row state in Memory (seeded from torch.initial_seed(): train.py's --seed and the
-    rank), not a torch.Generator: forward() is a pure function of (tokens, memory), so resume is bit-exact,
-    evaluation does not depend on training's RNG use, and generate() == forward() needs no RNG replay.
-  - State lives in fixed-shape tensors. The vectors that leave the STM wait in the same buffer (the authors'
-    "augment" part of mems) and enter the LTM at the start of the next step, seg_len at a time, so every write
-    uses one precomputed G: the authors' schedule with segments of seg_len; with shorter ones (eval_seg_len,
-    generate) vectors wait until seg_len of them have left the STM.
+  - The μ/σ² maps have a bias (the paper's "affine"; the authors' have none): LongTermAttention.affines.
+  - The KL pulls σ² alone (the paper's μ₀ = μ; the authors' LM configs also pull μ toward -1): LongTermMemory.kl.
+  - Sticky points are uniform inside their bin (the authors': its left edge), from a counter-based hash in Memory.
+  - Fixed shapes: the vectors that leave the STM wait in Memory.mem and enter the LTM seg_len at a time.
+The hash (rng_seed) makes forward() a pure function of (tokens, memory): resume is exact and generate() ==
+forward() needs no RNG replay. Waiting vectors follow the authors' schedule with segments of seg_len: every write
+uses one precomputed G; with shorter segments (eval_seg_len, generate) they wait until seg_len have left the STM.
 
 Letters: B batch, T tokens of this call, C n_embd (the paper's e), H heads, D d_head, N n_basis, L seg_len,
 M n_samples, S slots of Memory.mem, K keys of the STM attention. The paper's coefficient matrix B is `ltm_B`,
@@ -80,38 +68,21 @@ class Config:
     ridge_lambda: float = 0.5        # λ of the ridge regression (Eq. 5); the authors use 0.5 (LM) and 1 (sorting)
     unbounded: bool = True           # §3.2: keep the old signal (False: each write replaces B, §3.1 alone)
     tau: float = 0.5                 # τ: the old signal is squeezed into [0, τ] (0.5 LM, 0.75 sorting)
-    n_samples: int = 150             # M: points at which the old signal is read (Eq. 14); the authors' code fixes
-                                     # 512 (long_term_attention.py:84) = their LM runs' N and L: here M = N = L
+    n_samples: int = 150             # M points of the old signal (Eq. 14); the authors fix 512 (= their LM's N and L)
     sticky: bool = False             # §3.3 sticky memories: sample the M points from the last attention
     sticky_bins: int = 128           # bins of the attention histogram (the paper's D, Eq. 16)
     cnn_gate: bool = True            # §3.4, Eq. 18: X̃ = sigmoid(Conv1d_k3(X)) ⊙ X before the regression
     kl_weight: float = 1e-6          # λ_KL of Eq. 21 (1e-6 in the authors' runs); 0 = off
     sigma_0: float = 0.05            # σ₀ of the KL prior N(μ, σ₀²)
     sigma_sq_min: float = 1e-4       # floor of σ² (Eq. 10): 1e-4 the authors' LM code, 1e-6 their sorting code
-    sigma_sq_init: float = 0.0       # > 0: every density starts this narrow (Eq. 10's bias = softplus⁻¹ of it);
-                                     # 0: bias 0, σ² = softplus(0) ≈ 0.69 of the unit interval, as the authors
-    mu_readout: str = 'affine'       # μ of Eq. 9: 'affine' = sigmoid(affine(scores)), the paper's; 'pointer' =
-                                     # Σ_j softmax(scores)_j μ_j, the basis centres weighted by the query's match
-                                     # with their keys (an ablation outside the paper: a μ that can point)
-    sigma_sq_anneal: str = ''        # 'CAP0,CAP1,S0,S1': σ² ≤ a cap that is CAP0 until the S0-th training segment,
-                                     # then falls geometrically to CAP1 at S1 and stays (an ablation outside the
-                                     # paper: wide densities first, so that μ feels the key, narrow ones last)
-    ltm_read: str = 'continuous'     # 'continuous': the paper's Gaussian density (Eqs. 9-11); 'discrete': softmax
-                                     # attention over the signal X̄(m/M) at the M = n_samples points, keys and
-                                     # values X̄ W^K, X̄ W^V (an ablation outside the paper: no density, one score per
-                                     # point, so every point gets a gradient)
-    ltm_reset_len: int = 0           # > 0: an LTM holding this many vectors is emptied before its next write, as
-                                     # the authors' LM code (mem_threshold = 2048, long_term_attention.py:81,
-                                     # 293-297; the paper's "memory threshold", §4.2); 0: only reset_memory does
+    ltm_reset_len: int = 0           # > 0: an LTM this full is emptied before it writes (the authors' mem_threshold)
 
     def __post_init__(self):
-        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len', 'n_samples',
-                     'sticky_bins'):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ('mem_len', 'clamp_len', 'ltm_reset_len', 'kl_weight'):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len',
+                                'n_samples', 'sticky_bins'), 1)
+        for name, low in {**lowest, 'mem_len': 0, 'clamp_len': 0, 'ltm_reset_len': 0, 'kl_weight': 0}.items():
+            if not getattr(self, name) >= low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         for name in ('dropout', 'dropatt'):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -132,34 +103,13 @@ class Config:
         for name in ('ridge_lambda', 'sigma_0', 'sigma_sq_min'):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not self.sigma_sq_init >= 0:
-            raise ValueError(f"sigma_sq_init must be >= 0, got {self.sigma_sq_init}")
-        if self.mu_readout not in ('affine', 'pointer'):
-            raise ValueError(f"mu_readout must be 'affine' or 'pointer', got {self.mu_readout!r}")
-        if self.ltm_read not in ('continuous', 'discrete'):
-            raise ValueError(f"ltm_read must be 'continuous' or 'discrete', got {self.ltm_read!r}")
-        if self.ltm_read == 'discrete' and (self.sticky or self.sigma_sq_init or self.mu_readout != 'affine'
-                                            or self.sigma_sq_anneal):
-            raise ValueError("ltm_read='discrete' has no Gaussian density: it takes no sticky, sigma_sq_init, "
-                             "mu_readout or sigma_sq_anneal")
-        self.anneal = ()                                   # sigma_sq_anneal as (CAP0, CAP1, S0, S1)
-        if self.sigma_sq_anneal:
-            try:
-                cap0, cap1, s0, s1 = (float(v) for v in self.sigma_sq_anneal.split(','))
-            except ValueError:                             # not four numbers
-                cap0 = cap1 = s0 = s1 = float('nan')
-            if not (cap0 >= cap1 >= self.sigma_sq_min and 0 <= s0 < s1):
-                raise ValueError(f"sigma_sq_anneal is 'CAP0,CAP1,S0,S1' with CAP0 >= CAP1 >= sigma_sq_min and "
-                                 f"0 <= S0 < S1, got {self.sigma_sq_anneal!r}")
-            self.anneal = (cap0, cap1, s0, s1)
 
 
 @dataclass
 class Memory:
-    """Fixed-shape recurrent state: shapes never change from step to step, so torch.compile compiles once.
-    S = (2 seg_len - 1) + mem_len slots per layer: the last mem_len are the STM; the ones before hold vectors that
-    have left the STM, the newest ltm_pending of which (< 2 seg_len) have not entered the LTM yet: at the start of
-    a step, a row with ltm_pending >= seg_len writes its oldest seg_len pending vectors to the LTM."""
+    """Fixed-shape recurrent state (torch.compile compiles once). S = (2 seg_len - 1) + mem_len slots per layer: the
+    last mem_len are the STM; the ones before hold vectors that have left it, the newest ltm_pending of which have
+    not entered the LTM yet: at the start of a step, a row with ltm_pending >= seg_len writes its oldest seg_len."""
     mem: torch.Tensor          # (n_layer, B, S, n_embd) each layer's input hidden states, oldest first
     length: torch.Tensor       # (B,) int64, how many of the S slots (the most recent ones) are valid
     ltm_pending: torch.Tensor  # (B,) int64, how many vectors that left the STM wait for the LTM
@@ -170,97 +120,7 @@ class Memory:
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Small blocks. These are shared by design with the other model files, which copy them verbatim.
-
-# Copied from model_xl.py (PositionwiseFF)
-class PositionwiseFF(nn.Module):
-    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
-
-    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
-        )
-        self.layer_norm = nn.LayerNorm(n_embd)
-        self.pre_lnorm = pre_lnorm
-
-    def forward(self, x):
-        if self.pre_lnorm:
-            return x + self.net(self.layer_norm(x))
-        return self.layer_norm(x + self.net(x))
-
-
-# Copied from model_xl.py (ScaledEmbedding)
-class ScaledEmbedding(nn.Module):
-    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
-    Its weight is tied to the output layer."""
-
-    def __init__(self, vocab_size, n_embd):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
-        self.scale = n_embd ** 0.5
-
-    def forward(self, idx):
-        return F.embedding(idx, self.weight) * self.scale
-
-
-# Copied from model_xl.py (PositionalEmbedding)
-class PositionalEmbedding(nn.Module):
-    """The fixed sinusoid R of §3.3 (Vaswani et al.'s, without learnable parameters), evaluated at any positions."""
-
-    def __init__(self, n_embd):
-        super().__init__()
-        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, n_embd, 2.0) / n_embd))
-        self.register_buffer('inv_freq', inv_freq, persistent=False)
-
-    def forward(self, pos_seq):                                   # pos_seq: (K,) float
-        sinusoid = torch.outer(pos_seq, self.inv_freq)            # (K, n_embd/2)
-        return torch.cat([sinusoid.sin(), sinusoid.cos()], -1)    # (K, n_embd)
-
-
-# Copied from model_xl.py (sample_next)
-def sample_next(logits, temperature=1.0, top_k=None):
-    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
-    if temperature == 0.0:
-        return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
-    if top_k is not None:
-        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
-        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
-    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
-
-
-# Copied from model_xl.py (decode)
-def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
-    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
-    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
-    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
-    turns that segment into the memory, as forward() does at the end of a segment.
-    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
-    if idx.size(1) == 0:
-        raise ValueError("generate needs at least one token in idx")
-    seg_pos = 0                                                   # tokens of the open segment so far
-
-    def feed(tokens):
-        nonlocal seg_pos
-        seg_pos = (seg_pos + tokens.size(1)) % seg_len
-        return step(tokens, closes_segment=seg_pos == 0)
-
-    for start in range(0, idx.size(1), seg_len):
-        logits = feed(idx[:, start:start + seg_len])
-    for i in range(max_new_tokens):
-        idx_next = sample_next(logits, temperature, top_k)
-        idx = torch.cat([idx, idx_next], dim=1)
-        if callback is not None:
-            callback(idx_next)
-        if i + 1 < max_new_tokens:
-            logits = feed(idx_next)
-    return idx
-
-
-# The continuous signal (§2.2, §3.1): Gaussian basis functions, ridge regression, and E_p[ψ] for the read-out
+# §3.1 The continuous signal: Gaussian basis functions, the ridge regression (Eq. 5), E_p[ψ] for the read (Eq. 11)
 
 
 def gaussian_basis(n_basis, widths):
@@ -344,7 +204,104 @@ def ridge_positions(config):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Sticky memories (§3.3): the attention histogram, and points drawn from it with counter-based random numbers
+# The long-term memory: each layer's read by continuous attention (§3.1, LongTermAttention, with the layer's CNN
+# gate), and the write shared by the layers (§3.2-3.4, LongTermMemory: unbounded update, sticky points, KL)
+
+
+class LTMWrite(NamedTuple):
+    """Which rows write to their LTM at the start of a step (§3.2) and what they write."""
+    rows: torch.Tensor     # (B,) bool, the rows with at least seg_len vectors waiting
+    slots: torch.Tensor    # (B, L) Memory.mem slots of each row's oldest L = seg_len waiting vectors
+    grow: torch.Tensor     # (B,) bool, the LTM keeps its old signal (it holds something and is not emptied, §3.2)
+    written: torch.Tensor  # (B,) int64, Memory.ltm_written after this write
+
+
+class LTMRead(NamedTuple):
+    """What one layer's attention needs to read its LTM during a segment (§3.1)."""
+    keys: torch.Tensor         # (B, H, N, D) ltm_B W^K (Eq. 8)
+    values: torch.Tensor       # (B, H, N, D) ltm_B W^V (Eq. 8)
+    written: torch.Tensor      # (B,) bool, the rows whose LTM holds something (the others' term is masked)
+    basis_mu: torch.Tensor     # (N,) the centres μ_j of ψ
+    basis_sigma: torch.Tensor  # (N,) the widths σ_j of ψ
+
+
+class LongTermAttention(nn.Module):
+    """One layer's read of its LTM (§3.1): each head's Gaussian density over [0, 1] and what it reads there; and
+    the CNN gate of the layer's write (§3.4)."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.key_net = nn.Linear(C, H * D, bias=False)     # W^K (Eq. 8)
+        self.value_net = nn.Linear(C, H * D, bias=False)   # W^V (Eq. 8)
+        self.mu_affine, self.sigma_affine = self.affines(config)   # μ (Eq. 9), σ² (Eq. 10)
+        self.o_net = nn.Linear(H * D, C, bias=False)       # W^O (§3.1, after Eq. 11)
+        # the gate (the authors' mask_net) keeps PyTorch's default Conv1d init, as theirs (Model._init_weights skips it)
+        self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
+        self.scale = 1.0 / math.sqrt(D)
+        self.sigma_sq_min = config.sigma_sq_min
+
+    def affines(self, config):
+        """The paper's "affine" maps of the N scores to μ (Eq. 9) and σ² (Eq. 10), with a bias; the authors' are
+        Linear(N, 1, bias=False) (long_term_attention.py:117-118). Both start as N(0, 0.02) weights, our bias at 0."""
+        return nn.Linear(config.n_basis, 1), nn.Linear(config.n_basis, 1)
+
+    def gated(self, x):
+        """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1, zero padding), smoothing X (B, L, C) before the
+        regression. The convolution runs as one matrix product of the windows [x_{l-1}, x_l, x_{l+1}] with the
+        Conv1d's weights read as (C, 3C): the same values, faster than the CPU conv kernel (bench/README.md)."""
+        if self.gate is None:
+            return x
+        B, L, C = x.shape
+        padded = F.pad(x, (0, 0, 1, 1))                                            # (B, L + 2, C), zero ends
+        windows = torch.cat([padded[:, j:j + L] for j in range(3)], dim=-1)        # (B, L, 3C)
+        weight = self.gate.weight.permute(0, 2, 1).reshape(C, 3 * C)               # (C_out, k * C_in)
+        return torch.sigmoid(F.linear(windows, weight, self.gate.bias)) * x
+
+    def keys_values(self, ltm_B):
+        """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D)."""
+        B, N, _ = ltm_B.shape
+        k = self.key_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
+        v = self.value_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
+        return k, v
+
+    def density(self, scores, read):
+        """Eqs. 9-10: each query's N(t; μ, σ²) from its scores (B, H, T, N): μ = sigmoid(affine(scores)), σ² =
+        softplus(affine(scores)) >= sigma_sq_min (1e-4 in the authors' LM code, long_term_attention.py:332; 1e-6 in
+        their sorting code). In float32 at least, not bf16. -> μ, σ² each (B, H, T)"""
+        f32 = torch.promote_types(scores.dtype, torch.float32)
+        weight = torch.cat([self.mu_affine.weight, self.sigma_affine.weight])     # (2, N): both maps in one pass
+        bias = torch.cat([self.mu_affine.bias, self.sigma_affine.bias])
+        mu_in, sigma_in = F.linear(scores, weight, bias).to(f32).unbind(-1)      # (B, H, T) each
+        return torch.sigmoid(mu_in), F.softplus(sigma_in).clamp(min=self.sigma_sq_min)
+
+    def attend(self, q, read):
+        """Each head's read: its scores against the keys (Eq. 8), its density (Eqs. 9-10) and the value under it,
+        z = (B W^V)ᵀ E_p[ψ(t)] (Eq. 11). q: (B, H, T, D). -> z (B, H, T, D), μ, σ² each (B, H, T)"""
+        scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
+        mu, sigma_sq = self.density(scores, read)
+        expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
+        z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
+        return z, mu, sigma_sq
+
+    def forward(self, q, read):
+        """q: (B, H, T, D) the layer's own queries; read: LTMRead. Returns Z_LTM (B, T, C) and μ, σ² (B, H, T)."""
+        B, H, T, D = q.shape
+        z, mu, sigma_sq = self.attend(q, read)
+        return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O
+
+    def flops_per_token(self, config):
+        """The read's training FLOPs per token, counted as Model.flops_per_token: q·keys and the ψ-weighted values
+        over the N basis functions (Eq. 11), the μ and σ² affines once per head (Eqs. 9-10), W^O; and per segment
+        the keys and values of the new ltm_B (Eq. 8; with the gate, their input's gradient too)."""
+        c = config
+        HD, N = c.n_head * c.d_head, c.n_basis
+        read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * c.n_embd)
+        return read + (6 if c.cnn_gate else 4) * N * c.n_embd * 2 * HD / c.seg_len
+
+
+# §3.3 Sticky memories: the attention histogram, and points drawn from it with counter-based random numbers
 
 
 def attention_histogram(mu, sigma_sq, n_bins):
@@ -389,113 +346,11 @@ def sample_sticky_points(hist, uniforms):
     return (j + within.clamp(0.0, 1.0)) / n_bins
 
 
-# -----------------------------------------------------------------------------------------------------------
-# The long-term memory: its read-out by continuous attention (§3.1, LongTermAttention, one per layer) and its
-# write (§3.2-3.4, LongTermMemory, shared by the layers)
-
-
-class LTMWrite(NamedTuple):
-    """Which rows write to their LTM at the start of a step (§3.2) and what they write."""
-    rows: torch.Tensor     # (B,) bool, the rows with at least seg_len vectors waiting
-    slots: torch.Tensor    # (B, L) Memory.mem slots of each row's oldest L = seg_len waiting vectors
-    grow: torch.Tensor     # (B,) bool, the LTM keeps its old signal (it holds something and is not emptied, §3.2)
-    written: torch.Tensor  # (B,) int64, Memory.ltm_written after this write
-
-
-class LTMRead(NamedTuple):
-    """What one layer's attention needs to read its LTM during a segment (§3.1)."""
-    keys: torch.Tensor         # (B, H, N, D) ltm_B W^K (Eq. 8)
-    values: torch.Tensor       # (B, H, N, D) ltm_B W^V (Eq. 8)
-    written: torch.Tensor      # (B,) bool, the rows whose LTM holds something (the others' term is masked)
-    basis_mu: torch.Tensor     # (N,) the centres μ_j of ψ
-    basis_sigma: torch.Tensor  # (N,) the widths σ_j of ψ
-    points: torch.Tensor = None   # ltm_read='discrete': (M,) the points m/M where keys and values read the signal
-
-
-class LongTermAttention(nn.Module):
-    """Each head reads the LTM signal with a Gaussian density (§3.1); returns Z_LTM and the densities."""
-
-    def __init__(self, config):
-        super().__init__()
-        C, H, D, N = config.n_embd, config.n_head, config.d_head, config.n_basis
-        self.n_head, self.d_head = H, D
-        self.key_net = nn.Linear(C, H * D, bias=False)     # W^K (Eq. 8)
-        self.value_net = nn.Linear(C, H * D, bias=False)   # W^V (Eq. 8)
-        # The paper's "affine" maps of Eqs. 9-10, with a bias; the authors' are Linear(N, 1, bias=False)
-        # (long_term_attention.py:117-118). Both start as N(0, 0.02) weights (theirs by GPT-2's init), our bias at 0.
-        gaussian = config.ltm_read == 'continuous'
-        self.mu_affine = nn.Linear(N, 1) if gaussian and config.mu_readout == 'affine' else None   # μ (Eq. 9)
-        self.sigma_affine = nn.Linear(N, 1) if gaussian else None   # σ² = softplus(affine(keys q / √d))  (Eq. 10)
-        self.o_net = nn.Linear(H * D, C, bias=False)       # W^O (§3.1, after Eq. 11)
-        # the gate (the authors' mask_net) keeps PyTorch's default Conv1d init, as theirs (Model._init_weights skips it)
-        self.gate = nn.Conv1d(C, C, kernel_size=3, padding=1) if config.cnn_gate else None
-        self.scale = 1.0 / math.sqrt(D)
-        self.sigma_sq_min = config.sigma_sq_min
-        self.anneal = config.anneal
-        if self.anneal:                                    # sigma_sq_anneal: the training segments seen so far
-            self.register_buffer('segments_trained', torch.zeros((), dtype=torch.long))
-
-    def gated(self, x):
-        """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1, zero padding), smoothing X (B, L, C) before the
-        regression. The convolution runs as one matrix product of the windows [x_{l-1}, x_l, x_{l+1}] with the
-        Conv1d's weights read as (C, 3C): the same values, faster than the CPU conv kernel (bench/README.md)."""
-        if self.gate is None:
-            return x
-        B, L, C = x.shape
-        padded = F.pad(x, (0, 0, 1, 1))                                            # (B, L + 2, C), zero ends
-        windows = torch.cat([padded[:, j:j + L] for j in range(3)], dim=-1)        # (B, L, 3C)
-        weight = self.gate.weight.permute(0, 2, 1).reshape(C, 3 * C)               # (C_out, k * C_in)
-        return torch.sigmoid(F.linear(windows, weight, self.gate.bias)) * x
-
-    def sigma_sq_cap(self):
-        """sigma_sq_anneal's cap on σ² after s training segments: CAP0 up to S0, CAP0 (CAP1/CAP0)^((s - S0)/(S1 - S0))
-        between, CAP1 from S1 on."""
-        cap0, cap1, s0, s1 = self.anneal
-        return cap0 * (cap1 / cap0) ** ((self.segments_trained - s0) / (s1 - s0)).clamp(0.0, 1.0)
-
-    def keys_values(self, ltm_B):
-        """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D). (With
-        ltm_read='discrete', of the signal at the M points instead: (B, M, C) -> (B, H, M, D).)"""
-        B, N, _ = ltm_B.shape
-        k = self.key_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
-        v = self.value_net(ltm_B).view(B, N, self.n_head, self.d_head).transpose(1, 2)
-        return k, v
-
-    def forward(self, q, read):
-        """q: (B, H, T, D) the layer's own queries; read: LTMRead. Returns Z_LTM (B, T, C) and μ, σ² (B, H, T)."""
-        B, H, T, D = q.shape
-        scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
-        f32 = torch.promote_types(scores.dtype, torch.float32)                     # the densities: not in bf16
-        if read.points is not None:             # ltm_read='discrete': softmax over the M points, no density
-            p = torch.softmax(scores.to(f32), dim=-1)                              # (B, H, T, M)
-            z = torch.einsum('bhim,bhmd->bhid', p.to(read.values.dtype), read.values)
-            mu = (p * read.points).sum(-1)       # the mean and variance of the points under p stand for (μ, σ²)
-            sigma_sq = (p * (read.points - mu[..., None]) ** 2).sum(-1).clamp(min=self.sigma_sq_min)   # (KL, aux)
-            return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq
-        if self.mu_affine is not None:          # both affines in one product: one pass over the scores
-            weight = torch.cat([self.mu_affine.weight, self.sigma_affine.weight])     # (2, N)
-            bias = torch.cat([self.mu_affine.bias, self.sigma_affine.bias])
-            mu_in, sigma_in = F.linear(scores, weight, bias).to(f32).unbind(-1)      # (B, H, T) each
-            mu = torch.sigmoid(mu_in)                                                  # Eq. 9
-        else:                                   # mu_readout='pointer': the centres under softmax(scores), in f32
-            mu = (torch.softmax(scores.to(f32), dim=-1) * read.basis_mu.to(f32)).sum(-1)
-            sigma_in = self.sigma_affine(scores).squeeze(-1).to(f32)
-        # σ² ≥ sigma_sq_min: 1e-4 in the authors' LM code (long_term_attention.py:332), 1e-6 in their sorting code
-        sigma_sq = F.softplus(sigma_in).clamp(min=self.sigma_sq_min)                  # Eq. 10
-        if self.anneal:                         # sigma_sq_anneal (outside the paper)
-            sigma_sq = torch.minimum(sigma_sq, self.sigma_sq_cap())
-            if self.training:                   # a training forward reads one segment (eval and generate: none)
-                self.segments_trained.add_(1)
-        expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
-        z = torch.einsum('bhin,bhnd->bhid', expected_psi.to(read.values.dtype), read.values)   # (B, H, T, D) Eq. 11
-        return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O
-
-
 class LongTermMemory(nn.Module):
     """The LTM's fixed parts and its write, for every layer: the basis ψ, the ridge regression matrices G (Eq. 5),
-    the unbounded-memory update (§3.2) with linearly spaced or sticky (§3.3) samples of the old signal, its state in
-    Memory (the ltm_* fields), and the KL regulariser (§3.4). No parameters: each layer's CNN gate and read-out
-    weights live in its LongTermAttention. The buffers are computed once in float64 and not saved."""
+    the unbounded update (§3.2) with linearly spaced or sticky (§3.3) samples of the old signal, its state in Memory
+    (the ltm_* fields), and the KL regulariser (§3.4). No parameters (each layer's live in its LongTermAttention);
+    the buffers are computed once in float64 and not saved."""
 
     def __init__(self, config):
         super().__init__()
@@ -507,8 +362,7 @@ class LongTermMemory(nn.Module):
         for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma),
                             ('G_first', ridge_matrix(t_first, basis_mu, basis_sigma, lam)),           # (L, N)
                             ('G_unbounded', ridge_matrix(t_unbounded, basis_mu, basis_sigma, lam)),   # (M+L, N)
-                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma)),          # ψ(m/M) (M, N)
-                            ('t_linear', t_linear)):                                                  # m/M (M,)
+                            ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):         # ψ(m/M) (M, N)
             self.register_buffer(name, value.float(), persistent=False)
 
     def empty_state(self, batch_size, device, dtype):
@@ -545,14 +399,8 @@ class LongTermMemory(nn.Module):
         if not self.config.ltm:                        # the waiting vectors are dropped, the LTM stays as it was
             return list(memory.ltm_B), [None] * len(attentions), due._replace(written=memory.ltm_written)
         ltm_B = [self.write(n, memory, due, attn.gated) for n, attn in enumerate(attentions)]
-        discrete = self.config.ltm_read == 'discrete'
-        read = []
-        for attn, layer_B in zip(attentions, ltm_B):
-            x = layer_B.to(attn.key_net.weight.dtype)                                  # (B, N, C)
-            if discrete:
-                x = self.psi_linear.to(x.dtype) @ x                                    # X̄(m/M) = Bᵀψ(m/M) (B, M, C)
-            read.append(LTMRead(*attn.keys_values(x), due.written > 0, self.basis_mu, self.basis_sigma,
-                                self.t_linear if discrete else None))
+        read = [LTMRead(*attn.keys_values(layer_B.to(attn.key_net.weight.dtype)), due.written > 0, self.basis_mu,
+                        self.basis_sigma) for attn, layer_B in zip(attentions, ltm_B)]
         return ltm_B, read, due
 
     def due(self, memory):
@@ -599,21 +447,11 @@ class LongTermMemory(nn.Module):
         return psi @ ltm_B                                                             # x_m = Bᵀψ(t_m)
 
     def flops_per_token(self):
-        """One layer's LTM FLOPs per token in a step that writes (every step once the LTM is full), counted as
-        Model.flops_per_token: per token, the read (q·keys and the values over N basis functions, Eq. 11), the
-        affines of μ and σ² once per head (Eqs. 9-10) and W^O; per segment, the CNN gate over the seg_len new vectors
-        (Eq. 18; the weights' gradient alone, the vectors are detached), the regression (Eqs. 5, 14-15; backward to
-        X̃ only through the gate) and the keys and values of the new ltm_B (Eq. 8; with the gate, their input's
-        gradient too)."""
+        """One layer's write FLOPs per token in a step that writes (every step once the LTM is full), counted as
+        Model.flops_per_token, per segment: the CNN gate over the seg_len new vectors (Eq. 18; the weights' gradient
+        alone, the vectors are detached) and the regression (Eqs. 5, 14-15; backward to X̃ only through the gate)."""
         c = self.config
-        T, C, HD, N = c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_basis
-        affines = 2 if c.mu_readout == 'affine' else 1            # the pointer's μ is no matrix product
-        read = 6 * (2 * HD * N + affines * c.n_head * N + HD * C)  # q·keys, ψ-weighted values, μ/σ² affines, W^O
-        read_rows, sampled = N, 0                                 # keys and values of N rows of ltm_B
-        if c.ltm_read == 'discrete':                              # q·keys and p-weighted values over M points, W^O
-            read = 6 * (2 * HD * c.n_samples + HD * C)
-            read_rows = c.n_samples                               # keys and values of the signal at M points,
-            sampled = (4 if c.cnn_gate else 2) * c.n_samples * N * C   # Bᵀψ(m/M) (its backward only with the gate)
+        T, C, N = c.seg_len, c.n_embd, c.n_basis
         past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14)
         grown = past + T if c.unbounded else 0                    # [X_past ; X̃] (Eq. 15)
         regression = 2 * (T + past + grown) * N * C               # forward
@@ -621,8 +459,7 @@ class LongTermMemory(nn.Module):
         if c.cnn_gate:
             gate = 4 * 3 * C * C * T
             regression += 2 * (T + (T if c.unbounded else 0)) * N * C   # backward to X̃ (of G_firstᵀX̃, G_newᵀX̃)
-        keys_values = (6 if c.cnn_gate else 4) * read_rows * C * 2 * HD
-        return read + (gate + regression + sampled + keys_values) / T
+        return (gate + regression) / T
 
     def kl(self, densities, written):
         """Eq. 20: KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1), averaged over heads and queries and
@@ -637,7 +474,54 @@ class LongTermMemory(nn.Module):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Relative attention over the STM (Transformer-XL) plus the LTM term
+# The Transformer-XL around the LTM: model_xl.py's blocks (copied), its attention with Z_LTM added, the model
+
+
+# Copied from model_xl.py (PositionwiseFF)
+class PositionwiseFF(nn.Module):
+    """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
+
+    def __init__(self, n_embd, d_inner, dropout, pre_lnorm):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(n_embd, d_inner), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(d_inner, n_embd), nn.Dropout(dropout),
+        )
+        self.layer_norm = nn.LayerNorm(n_embd)
+        self.pre_lnorm = pre_lnorm
+
+    def forward(self, x):
+        if self.pre_lnorm:
+            return x + self.net(self.layer_norm(x))
+        return self.layer_norm(x + self.net(x))
+
+
+# Copied from model_xl.py (ScaledEmbedding)
+class ScaledEmbedding(nn.Module):
+    """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
+    Its weight is tied to the output layer."""
+
+    def __init__(self, vocab_size, n_embd):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, n_embd))
+        self.scale = n_embd ** 0.5
+
+    def forward(self, idx):
+        return F.embedding(idx, self.weight) * self.scale
+
+
+# Copied from model_xl.py (PositionalEmbedding)
+class PositionalEmbedding(nn.Module):
+    """The fixed sinusoid R of §3.3 (Vaswani et al.'s, without learnable parameters), evaluated at any positions."""
+
+    def __init__(self, n_embd):
+        super().__init__()
+        inv_freq = 1.0 / (10000 ** (torch.arange(0.0, n_embd, 2.0) / n_embd))
+        self.register_buffer('inv_freq', inv_freq, persistent=False)
+
+    def forward(self, pos_seq):                                   # pos_seq: (K,) float
+        sinusoid = torch.outer(pos_seq, self.inv_freq)            # (K, n_embd/2)
+        return torch.cat([sinusoid.sin(), sinusoid.cos()], -1)    # (K, n_embd)
 
 
 # Copied from model_xl.py (rel_shift)
@@ -666,12 +550,12 @@ def causal_mask(key_valid, T):
     return ((K - T + i - j >= 0)[None] & key_valid[:, None, :])[:, None]
 
 
-# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->RelMultiHeadAttnLTM, the LTM attention (ltm)
-# added, and forward(..., attn_mask) -> forward(..., attn_mask, ltm), which adds Z_LTM before the residual
+# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->RelMultiHeadAttnLTM, the LTM attention (ltm, of
+# the class long_term_attention) added, and forward(..., attn_mask) -> forward(..., attn_mask, ltm), adding Z_LTM
 class RelMultiHeadAttnLTM(nn.Module):
     """model_xl.py's relative multi-head attention over [STM ; segment], plus Z_LTM before the residual (Eq. 12)."""
 
-    def __init__(self, config):
+    def __init__(self, config, long_term_attention):
         super().__init__()
         C, H, D = config.n_embd, config.n_head, config.d_head
         self.n_head, self.d_head = H, D
@@ -686,7 +570,7 @@ class RelMultiHeadAttnLTM(nn.Module):
         self.scale = 1.0 / math.sqrt(D)
         self.pre_lnorm = config.pre_lnorm
         self.use_sdpa = config.use_sdpa
-        self.ltm = LongTermAttention(config)
+        self.ltm = long_term_attention(config)
 
     # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
@@ -738,20 +622,17 @@ class RelMultiHeadAttnLTM(nn.Module):
         return out, (k, v), density
 
 
-# Copied from model_xl.py (Block) with RelMultiHeadAttn->RelMultiHeadAttnLTM and the LTM read (ltm) passed through
+# Copied from model_xl.py (Block) with RelMultiHeadAttn->RelMultiHeadAttnLTM, its LTM attention's class and the LTM
+# read (ltm) passed through
 class Block(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, long_term_attention):
         super().__init__()
-        self.attn = RelMultiHeadAttnLTM(config)
+        self.attn = RelMultiHeadAttnLTM(config, long_term_attention)
         self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
         h, kv, density = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm)
         return self.ff(h), kv, density
-
-
-# -----------------------------------------------------------------------------------------------------------
-# The model
 
 
 class SegmentStart(NamedTuple):
@@ -776,7 +657,9 @@ class OpenSegment:
 
 
 class Model(nn.Module):
-    # Copied from model_xl.py (Model.__init__) with self.long_term (the LTM) and the σ² start (sigma_sq_init) added
+    long_term_attention = LongTermAttention   # each layer's LTM read (lab/model_infformer_probes.py replaces it)
+
+    # Copied from model_xl.py (Model.__init__) with the layers' LTM attention class and self.long_term (the LTM) added
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -784,7 +667,7 @@ class Model(nn.Module):
         self.word_emb = ScaledEmbedding(config.vocab_size, C)
         self.pos_emb = PositionalEmbedding(C)
         self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.layers = nn.ModuleList([Block(config, self.long_term_attention) for _ in range(config.n_layer)])
         n_bias = config.n_layer if config.untie_r else 1
         self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
         self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
@@ -793,9 +676,6 @@ class Model(nn.Module):
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
         self.long_term = LongTermMemory(config)                   # the LTM's basis, ridge matrices and write
-        if config.sigma_sq_init > 0:                              # Eq. 10: softplus(bias) = sigma_sq_init
-            for layer in self.layers:
-                nn.init.constant_(layer.attn.ltm.sigma_affine.bias, math.log(math.expm1(config.sigma_sq_init)))
 
     # Copied from model_xl.py (Model._init_weights)
     def _init_weights(self, module):
@@ -906,7 +786,7 @@ class Model(nn.Module):
     def flops_per_token(self, mem_len=None):
         """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
         (6 FLOPs a multiply-add with both gradients, 4 with the weight's alone): model_xl.py's count for the STM (its
-        docstring), plus the LTM's (LongTermMemory.flops_per_token)."""
+        docstring), plus the LTM's write and read (LongTermMemory's and LongTermAttention's flops_per_token)."""
         c = self.config
         matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but the
                        if name.endswith('weight') and p.dim() > 1           # LTM's (biases, norms, u and v take
@@ -915,7 +795,8 @@ class Model(nn.Module):
         T, K, C, HD, L = c.seg_len, mem_len + c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_layer
         stm = 6 * 3 * L * HD * K + 4 * L * mem_len * C * 2 * HD / T       # attention; [SG(m)]'s keys and values
         flops = 6 * (matrices - L * C * HD) + stm                          # every weight but W_{k,R} and the LTM's
-        return flops + (L * self.long_term.flops_per_token() if c.ltm else 0)
+        ltm = self.long_term.flops_per_token() + self.layers[0].attn.ltm.flops_per_token(c)   # a layer's LTM
+        return flops + (L * ltm if c.ltm else 0)
 
     # --- generation ---------------------------------------------------------------------------------------
 
@@ -953,3 +834,44 @@ class Model(nn.Module):
             return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
 
         return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)
+
+
+# Copied from model_xl.py (sample_next)
+def sample_next(logits, temperature=1.0, top_k=None):
+    """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
+    if temperature == 0.0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+        logits = logits.masked_fill(logits < v[:, [-1]], float('-inf'))
+    return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
+
+
+# Copied from model_xl.py (decode)
+def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
+    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
+    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
+    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
+    turns that segment into the memory, as forward() does at the end of a segment.
+    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+    if idx.size(1) == 0:
+        raise ValueError("generate needs at least one token in idx")
+    seg_pos = 0                                                   # tokens of the open segment so far
+
+    def feed(tokens):
+        nonlocal seg_pos
+        seg_pos = (seg_pos + tokens.size(1)) % seg_len
+        return step(tokens, closes_segment=seg_pos == 0)
+
+    for start in range(0, idx.size(1), seg_len):
+        logits = feed(idx[:, start:start + seg_len])
+    for i in range(max_new_tokens):
+        idx_next = sample_next(logits, temperature, top_k)
+        idx = torch.cat([idx, idx_next], dim=1)
+        if callback is not None:
+            callback(idx_next)
+        if i + 1 < max_new_tokens:
+            logits = feed(idx_next)
+    return idx

@@ -402,6 +402,7 @@ def model_fields(spec, size, cfg):
     fields = {**spec, **size}
     name = fields.pop('model')
     fields.update(SYNTHETIC.get(name, {}))
+    name = dict(common.override_items(cfg.overrides)).get('model', name)   # model=NAME: a lab/ subclass stands in
     module = common.train.import_model(name)
     known = {f.name for f in dataclasses.fields(module.Config)}
     for f in common.ZERO_FIELDS:
@@ -421,7 +422,7 @@ TRAIN_FIELDS = {f.name for f in dataclasses.fields(common.train.TrainConfig)}
 
 def train_overrides(cfg):
     """--overrides' train.py fields (reset_every=16, ...) as train.py flags."""
-    return [f'--{k}={v}' for k, v in common.override_items(cfg.overrides) if k in TRAIN_FIELDS]
+    return [f'--{k}={v}' for k, v in common.override_items(cfg.overrides) if k in TRAIN_FIELDS and k != 'model']
 
 
 def train_steps(cfg, tokens=None):

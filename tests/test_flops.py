@@ -40,12 +40,6 @@ CASES = {   # name: (model file, Config fields)
                                             cnn_gate=False)),
     'infformer_bounded': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
                                             unbounded=False)),
-    'infformer_pointer': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
-                                            mu_readout='pointer')),
-    'infformer_discrete': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
-                                             ltm_read='discrete')),
-    'infformer_discrete_no_gate': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
-                                                     ltm_read='discrete', cnn_gate=False)),
     'infformer_stm_only': ('infformer', dict(mem_len=16, n_basis=32, n_samples=24, basis_widths='0.05,0.1',
                                              ltm=False)),
 }

@@ -501,11 +501,6 @@ def test_greedy_generate_matches_segmentwise_forward(prompt_len, with_memory, me
                                            rng_seed=3)                 # sticky draws: the same RNG stream
 
 
-def test_greedy_generate_matches_segmentwise_forward_with_the_discrete_read():
-    model, memory, start = generate_setup(True, 4, False, ltm_read='discrete')
-    assert_greedy_generate_matches_forward(model, tokens(2, 9, seed=9), 14, memory, start, 4, rng_seed=3)
-
-
 @pytest.mark.parametrize('prompt_len', [3, 9])
 def test_sampled_generate_matches_segmentwise_forward(prompt_len):
     """Replaying the sampling RNG on forward()'s logits picks the same tokens (sticky=False: generate's RNG is then
@@ -520,9 +515,8 @@ def test_generate_rejects_empty_prompt():
         make_model().generate(torch.zeros(1, 0, dtype=torch.long), 3)
 
 
-@pytest.mark.parametrize('overrides', [dict(sticky=True), dict(ltm_read='discrete')])
-def test_bf16_autocast_forward_backward(overrides):
-    model = make_model(dtype=torch.float32, **overrides).train()
+def test_bf16_autocast_forward_backward():
+    model = make_model(dtype=torch.float32, sticky=True).train()
     assert_bf16_forward_backward(model, ['ltm_B', 'mem'], all_grads=False)
     assert model.layers[0].attn.ltm.key_net.weight.grad is not None
 
@@ -582,148 +576,3 @@ def test_sigma_sq_is_floored_at_sigma_sq_min(floor):
         torch.testing.assert_close(sigma_sq, F.softplus(attn.sigma_affine(scores)).squeeze(-1))
     with pytest.raises(ValueError, match='sigma_sq_min'):
         Config(sigma_sq_min=0.0)
-
-
-def test_sigma_sq_init_starts_every_density_that_narrow():
-    """sigma_sq_init sets Eq. 10's bias so that σ² = softplus(affine(scores)) starts at it for every layer (up to
-    the scores' small contribution); 0 keeps the authors' bias 0 (σ² = softplus(0) ≈ 0.69)."""
-    import model_infformer
-    B, H, T, N, D = 2, 2, 3, 16, 8
-    basis = gaussian_basis(N, (0.05, 0.1))
-    zeros = torch.zeros(B, H, N, D, dtype=F64)                # zero keys: scores 0, σ² = softplus(bias) exactly
-    read = model_infformer.LTMRead(zeros, zeros, torch.ones(B, dtype=torch.bool), *basis)
-    for init, expected in ((1e-3, 1e-3), (0.0, math.log(2))):
-        model = make_model(sigma_sq_init=init)
-        for layer in model.layers:
-            with torch.no_grad():
-                _, _, sigma_sq = layer.attn.ltm(torch.randn(B, H, T, D, dtype=F64), read)
-            torch.testing.assert_close(sigma_sq, torch.full_like(sigma_sq, expected))
-    with pytest.raises(ValueError, match='sigma_sq_init'):
-        Config(sigma_sq_init=-1.0)
-
-
-def test_sigma_sq_anneal_caps_sigma_sq_on_a_geometric_schedule_of_training_segments():
-    """sigma_sq_anneal='CAP0,CAP1,S0,S1' (outside the paper): σ² = min(Eq. 10, cap), the cap CAP0 for the first S0
-    training segments, CAP0 (CAP1/CAP0)^((s - S0)/(S1 - S0)) at segment s, CAP1 from S1 on; only training forwards
-    count (eval and generate read the cap), the count is in the state dict (resume), and σ² below the cap is
-    Eq. 10's own, with its gradient."""
-    import model_infformer
-    cap0, cap1, s0, s1 = 1e-1, 1e-5, 2, 6
-    model = make_model(sigma_sq_anneal=f'{cap0},{cap1},{s0},{s1}', sigma_sq_min=1e-6).train()
-    B, H, T, N, D = 2, 2, 3, 16, 8
-    basis = gaussian_basis(N, (0.05, 0.1))
-    torch.manual_seed(2)
-    keys = torch.randn(B, H, N, D, dtype=F64)
-    read = model_infformer.LTMRead(keys, keys, torch.ones(B, dtype=torch.bool), *basis)
-    attn = model.layers[0].attn.ltm
-    q = torch.randn(B, H, T, D, dtype=F64)
-    uncapped = F.softplus(attn.sigma_affine(torch.einsum('bhid,bhnd->bhin', q, keys) * attn.scale)).squeeze(-1)
-    for s in range(9):                                         # segment s of training: the cap, then one more counted
-        cap = cap0 * (cap1 / cap0) ** min(max((s - s0) / (s1 - s0), 0.0), 1.0)
-        _, _, sigma_sq = attn(q, read)
-        torch.testing.assert_close(sigma_sq, uncapped.clamp(min=1e-6, max=cap))
-        assert int(attn.segments_trained) == s + 1
-    attn.eval()
-    with torch.no_grad():
-        attn(q, read)
-    assert int(attn.segments_trained) == 9                    # eval reads, does not count
-    assert 'layers.1.attn.ltm.segments_trained' in model.state_dict()
-    attn.sigma_affine.bias.data.fill_(math.log(math.expm1(3e-6)))   # σ² under the cap keeps its gradient
-    attn.train()
-    attn(q, read)[2].sum().backward()
-    assert attn.sigma_affine.bias.grad.abs() > 0
-    assert 'segments_trained' not in ''.join(make_model().state_dict())   # off: no buffer, old checkpoints load
-    for bad in ('1e-2,1e-6,2', '1e-6,1e-2,0,1', 'x,1,2,3', '1e-2,1e-6,5,5', '1e-2,1e-8,0,1'):
-        with pytest.raises(ValueError, match='sigma_sq_anneal'):
-            Config(sigma_sq_anneal=bad, sigma_sq_min=1e-6)
-
-
-def test_pointer_readout_is_the_centres_under_softmax_and_points_at_the_matching_key():
-    """mu_readout='pointer' (outside the paper): μ = Σ_j softmax(q·k_j/√d)_j μ_j, against a loop over basis
-    functions; a query that matches one basis function's key far better than the rest puts μ on that centre,
-    wherever it is; μ has a gradient into the keys; σ² stays Eq. 10."""
-    import model_infformer
-    model = make_model(mu_readout='pointer')
-    attn = model.layers[0].attn.ltm
-    assert attn.mu_affine is None
-    B, H, T, N, D = 2, 2, 3, 16, 8
-    basis = gaussian_basis(N, (0.05, 0.1))
-    torch.manual_seed(1)
-    q, keys = torch.randn(B, H, T, D, dtype=F64), torch.randn(B, H, N, D, dtype=F64)
-    read = model_infformer.LTMRead(keys, torch.randn(B, H, N, D, dtype=F64), torch.ones(B, dtype=torch.bool), *basis)
-    with torch.no_grad():
-        _, mu, sigma_sq = attn(q, read)
-    for b, h, i in np.ndindex(B, H, T):
-        s = [float(q[b, h, i] @ keys[b, h, j]) / math.sqrt(D) for j in range(N)]
-        w = np.exp(np.array(s) - max(s))
-        assert abs(float(mu[b, h, i]) - float((w / w.sum()) @ basis[0].numpy())) < 1e-12
-    scores = torch.einsum('bhid,bhnd->bhin', q, keys) * attn.scale
-    torch.testing.assert_close(sigma_sq, F.softplus(attn.sigma_affine(scores)).squeeze(-1).clamp(min=1e-4))
-    target = 11                                                # one key along every query, norm 40; the rest / 100
-    keys = 0.01 * keys
-    keys[:, :, target] = 40 * q[:, :, 0] / q[:, :, 0].norm(dim=-1, keepdim=True)
-    q = q[:, :, :1].expand(B, H, T, D)
-    with torch.no_grad():
-        _, mu, _ = attn(q, read._replace(keys=keys))
-    torch.testing.assert_close(mu, torch.full_like(mu, float(basis[0][target])), atol=1e-6, rtol=0)
-    keys = keys.detach().requires_grad_()                      # the keys (W^K) learn where μ points
-    attn(torch.randn(B, H, T, D, dtype=F64), read._replace(keys=keys))[1].sum().backward()
-    assert keys.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match='mu_readout'):
-        Config(mu_readout='softmax')
-
-
-def test_discrete_read_is_softmax_over_the_signal_at_the_M_points_and_every_point_gets_a_gradient():
-    """ltm_read='discrete' (outside the paper): the keys and values are the signal X̄(m/M) = Bᵀψ(m/M) through W^K and
-    W^V, and the read is Σ_m softmax(q·k_m/√d)_m v_m, against a loop over the points; unlike a Gaussian read,
-    every point's key gets a gradient from one query; the model with it trains (the loss goes down) and refuses
-    the Gaussian-only settings."""
-    model = make_model(ltm_read='discrete')
-    c, attn = model.config, model.layers[0].attn.ltm
-    assert attn.mu_affine is None and attn.sigma_affine is None
-    torch.manual_seed(2)
-    B, H, T, D, M = 2, c.n_head, 3, c.d_head, c.n_samples
-    memory = model.init_memory(B, 'cpu')
-    memory.ltm_B.normal_()
-    memory.ltm_written.fill_(c.seg_len)
-    _, reads, _ = model.long_term.begin_segment(memory, [layer.attn.ltm for layer in model.layers])
-    read = reads[0]
-    ltm_B = memory.ltm_B[0]                                   # no vectors wait, so no write: the LTM as it was
-    q = torch.randn(B, H, T, D, dtype=F64)
-    with torch.no_grad():
-        out, mu, _ = attn(q, read)
-    Wk, Wv = attn.key_net.weight.detach().view(H, D, -1), attn.value_net.weight.detach().view(H, D, -1)
-    expected = torch.zeros(B, T, H, D, dtype=F64)
-    for b, h, i in np.ndindex(B, H, T):
-        points = [(m + 1) / M for m in range(M)]
-        xbar = [sum(float(evaluate_basis(torch.tensor(t, dtype=F64), model.long_term.basis_mu.double(),
-                                         model.long_term.basis_sigma.double())[j]) * ltm_B[b, j]
-                    for j in range(c.n_basis)) for t in points]
-        s = torch.stack([q[b, h, i] @ (Wk[h] @ x) for x in xbar]) / math.sqrt(D)
-        w = torch.softmax(s, 0)
-        expected[b, i, h] = sum(w[m] * (Wv[h] @ xbar[m]) for m in range(M))
-        assert abs(float(mu[b, h, i]) - float(w @ torch.tensor(points, dtype=F64))) < 1e-6
-    with torch.no_grad():                                     # (the model's ψ(m/M) was rounded to float32 once)
-        torch.testing.assert_close(out, attn.o_net(expected.reshape(B, T, H * D)), rtol=1e-5, atol=1e-6)
-    keys = read.keys.detach().requires_grad_()
-    attn(q[:, :, :1], read._replace(keys=keys))[0].square().sum().backward()
-    assert (keys.grad.abs().sum(-1) > 0).all()                # every point of every head
-    torch.manual_seed(0)
-    model = make_model(ltm_read='discrete').train()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    idx = torch.randint(0, V, (2, 4 * c.seg_len + 1))
-    losses = []
-    for _ in range(30):
-        memory, total = model.init_memory(2, 'cpu'), 0.0
-        for s in range(4):
-            x, y = idx[:, s * c.seg_len:(s + 1) * c.seg_len], idx[:, s * c.seg_len + 1:(s + 1) * c.seg_len + 1]
-            _, loss, memory, _ = model(x, memory, targets=y)
-            total = total + loss
-        opt.zero_grad()
-        total.backward()
-        opt.step()
-        losses.append(total.item())
-    assert losses[-1] < 0.7 * losses[0]
-    for bad in (dict(sticky=True), dict(sigma_sq_init=1e-3), dict(mu_readout='pointer'), dict(ltm_read='sparse')):
-        with pytest.raises(ValueError, match='ltm_read'):
-            Config(ltm_read=bad.pop('ltm_read', 'discrete'), **bad)
