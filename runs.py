@@ -121,9 +121,11 @@ def save_checkpoint(state, path):
         tmp.unlink(missing_ok=True)
         if isinstance(e, (OSError, RuntimeError)):                 # torch.save may report a full disk as RuntimeError
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:100]
-            free = shutil.disk_usage(path.parent).free / 2**30
-            raise UserError(f"cannot write {path} ({reason}; {free:.1f} GiB free there); the previous checkpoint "
-                            f"there is kept") from None
+            try:
+                reason += f"; {shutil.disk_usage(path.parent).free / 2**30:.1f} GiB free there"
+            except OSError:
+                pass
+            raise UserError(f"cannot write {path} ({reason}); the previous checkpoint there is kept") from None
         raise
 
 

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import configurator
+import runs
 import train
 import _train_standin
 from _train_util import (ENV, ROOT, TINY_XL, assert_identical, assert_one_line_error, flags, load,
@@ -373,6 +374,7 @@ def standin(monkeypatch):
         monkeypatch.setattr(module, 'available_models', lambda: sorted(real_available() + ['standin']))
         monkeypatch.setattr(module, 'import_model',
                             lambda name: _train_standin if name == 'standin' else real_import(name))
+    monkeypatch.setattr(runs, 'import_model', train.import_model)      # model_from_checkpoint lives in runs.py
     _train_standin.TRACE.clear()
     _train_standin.RESETS.clear()
     yield _train_standin
