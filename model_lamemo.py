@@ -1,9 +1,8 @@
 """
 LaMemo (Ji et al., 2022, "LaMemo: Language Modeling with Look-Ahead Memory", NAACL, arXiv 2204.07341), in one file.
 
-Transformer-XL (model_xl.py; read it first) keeps every layer's input hidden states of the last M positions as the
-next segment's memory; they never see the tokens on their right. LaMemo refreshes them at every step (§3). At layer
-l, with memory input m^l (M positions) and segment input h^l (T positions):
+Transformer-XL (model_xl.py; read it first) keeps each layer's last M input states as the next segment's memory,
+blind to the tokens on their right; LaMemo refreshes them at every step (§3). At layer l, with inputs m^l, h^l:
   1. Look-ahead attention (§3.1). The memory states issue queries q = m^l W_q and attend to the window K~, V~ of the
      W = min(T_prev, M) positions that ends at the segment's first token, each only to keys on its right:
          C^→ = Softmax_upper-triangle(Q K~ᵀ / √d) V~,    s^→ = the softmax's normaliser (kept as log s^→)
@@ -16,24 +15,24 @@ l, with memory input m^l (M positions) and segment input h^l (T positions):
      own bias v₊ (`r_r_bias_future`); u is shared with the causal direction:
          A^→_{i,j} = (q_i + u)·k_j + (q_i + v₊)·W_{k,R} R_{j-i},   j > i
   4. The refreshed states go through the rest of the layer (W_o, residual, LayerNorm, feed-forward) and become
-     m^{l+1}; the segment's queries at layer l attend to [m^l ; h^l], as in Transformer-XL and the authors' code (not
-     to m^{l+1}). So only m^0 (the embeddings) is stored as hidden states, and C^←, log s^← for every layer but the
-     last, which has nothing to feed (the authors' code computes its refresh and discards it) and no v₊. A refreshed
-     state has seen tokens up to the segment's first one, which every query of the segment sees too: nothing leaks.
+     m^{l+1}; the segment's queries at layer l attend to [m^l ; h^l] (not m^{l+1}), as the authors' code. So only m^0
+     (the embeddings) is stored, and C^←, log s^← for every layer but the last, which feeds nothing and has no v₊.
+     A refreshed state has seen tokens up to the segment's first one, which every query sees too: nothing leaks.
 Cited by section with the paper's symbols: its text was not at hand; only Eq. 12 is known (the authors' README).
 
-Details the paper leaves open follow the authors' code (thu-coai/LaMemo, pytorch/mem_transformer.py, attn_type 3):
-u shared by both directions; ε = 1e-6 added after subtracting the max; α keeps its gradient through s^→.
-Deviations: the window is the previous segment's length T_prev (stored) where the code uses the current one (equal
-for equal segments; T_prev tiles the windows exactly and lets generate() equal forward()); untie_r applies to v₊ as
-to u and v (the code shares all three); invalid slots of a fresh stream are masked and refresh nothing; the softmax
-is always the manual one, since LaMemo stores log-sum-exps and SDPA does not return them.
+Open details follow the authors' code (thu-coai/LaMemo, pytorch/mem_transformer.py, attn_type 3): u shared by both
+directions; ε = 1e-6 added after subtracting the max; α keeps its gradient through s^→. Deviations from that code:
+  - The window is the previous segment's length T_prev (stored), not the current one's: equal for equal segments.
+  - untie_r applies to v₊ as to u and v (the code shares all three).
+  - Invalid slots of a fresh stream are masked and refresh nothing.
+  - The softmax is always the manual one: LaMemo stores log-sum-exps, which SDPA does not return.
 
-Reading order: Config → Memory → copied small blocks → attention both ways, interpolation → block → model.
+Letters: B rows, T segment tokens, M memory slots, W look-ahead window, K = M + T keys, H heads, D = d_head, C = n_embd.
 """
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -62,12 +61,10 @@ class Config:
     init_std: float = 0.02    # normal init of weights, as the paper's code
 
     def __post_init__(self):
-        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ('mem_len', 'clamp_len'):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'), 1)
+        for name, low in {**lowest, 'mem_len': 0, 'clamp_len': 0}.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         for name in ('dropout', 'dropatt'):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -89,8 +86,7 @@ class Memory:
 
 @dataclass
 class OpenSegment:
-    """A segment's state until it is complete and becomes the memory (forward() fills it in one call, generate()
-    token by token). The lists hold one entry per layer l; t tokens so far, in pieces of t_i."""
+    """A segment until it becomes the memory (forward(): one call; generate(): pieces t_i). Lists: one entry a layer."""
     key_valid: torch.Tensor                          # (B, M + t) bool
     emb: list                                        # pieces (B, t_i, C) of the embeddings h^0
     kv: list = field(default_factory=list)           # (k, v) each (B, H, M + t, D) of [m^l ; tokens]
@@ -100,7 +96,355 @@ class OpenSegment:
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Small blocks, copied from model_xl.py.
+# LaMemo: look-ahead positions and mask (§3.1, §3.3), interpolation (§3.2), memory update, attention both ways
+
+def future_position_scores(q, r_k, W):
+    """rel_shift's counterpart to the right (Eq. 12): scores (q_i + v₊)·W_{k,R} R_{j-i} of the M memory queries q
+    (B, H, M, D), v₊ added, against the W window keys; r_k (H, M, D) is W_{k,R} R at distances 1..M. Out: y[..., i, j]
+    = q_i · r_k[M - W + j - i], key j at position M - W + 1 + j of [memory ; segment] (distance <= 0: garbage, masked).
+    Each block of W queries scores its 2W - 1 distances as one (W, 2W) product: O(M W), the authors' code O(M²)."""
+    B, H, M, D = q.shape
+    nb = -(-M // W)                                               # blocks of W queries
+    q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
+    # block a needs distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW; rows outside 0..M-1 read zeros
+    pad = (nb + 1) * W - M - 1                                    # zero rows before row 0
+    r = F.pad(r_k, (0, 0, pad, 1))                                # (H, pad + M + 1, D)
+    first = pad + M - 2 * W + 1 - W * torch.arange(nb, device=q.device)           # (nb,) c0(a) in r's rows
+    rows = first[:, None] + torch.arange(2 * W, device=q.device)                   # (nb, 2W)
+    r = r.index_select(1, rows.flatten()).view(H, nb, 2 * W, D)   # (H, nb, 2W, D)
+    s = torch.einsum('bhaid,hacd->bhaic', q, r)                   # (B, H, nb, W, 2W)
+    i = torch.arange(W, device=q.device)
+    take = (W - 1 - i[:, None] + i[None, :]).expand(B, H, nb, W, W)                # y[i, j] = s[i, W - 1 - i + j]
+    return s.gather(-1, take).reshape(B, H, nb * W, W)[:, :, :M]  # (B, H, M, W)
+
+
+def look_ahead_mask(memory, W):
+    """(B, 1, M, W): memory slot i may attend the window key at position p = M-W+1+j of [memory ; segment] when p
+    is on its right (p > i: §3.1's upper triangle), valid, and not yet looked at: in the previous segment but not its
+    first token (the end of the previous window), p > M - prev_len, or the segment's first token, p = M."""
+    M, device = memory.mem.size(2), memory.length.device
+    p = torch.arange(M - W + 1, M + 1, device=device)             # (W,)
+    right = (p[None] > torch.arange(M, device=device)[:, None])[None]            # (1, M, W): p > i
+    unseen = (p[None] > (M - memory.prev_len)[:, None]) | (p == M)[None]          # (B, W)
+    valid = p[None] >= (M - memory.length)[:, None]                                 # (B, W)
+    return (right & (unseen & valid)[:, None])[:, None]          # (B, 1, M, W)
+
+
+class SoftmaxLSE(torch.autograd.Function):
+    """softmax(score) and its log-sum-exp log s from one softmax: max p = 1/s, so log s = max(score) - log max(p),
+    and ∂ log s/∂score = p. One exp over (B, H, Q, K) where softmax and logsumexp take three: 1.08-1.11x a training
+    step in eager at bench/speed.py's matched size, bytes (A/B against torch.softmax + torch.logsumexp)."""
+
+    @staticmethod
+    def forward(ctx, score):
+        prob = torch.softmax(score, dim=-1)
+        ctx.save_for_backward(prob)
+        return prob, score.amax(-1) - prob.amax(-1).log()
+
+    @staticmethod
+    def backward(ctx, grad_prob, grad_lse):
+        prob, = ctx.saved_tensors
+        return prob * (grad_prob - (grad_prob * prob).sum(-1, keepdim=True) + grad_lse[..., None])
+
+
+def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
+    """Memory interpolation (§3.2): C^↔ = α sg(C^←) + (1 - α) C^→, α = sg(s^←) / (sg(s^←) + s^→ + ε), from the log-sum-
+    exps less their max (the authors' code). old_vec, new_vec (B, H, M, D); old_lse, new_lse (B, H, M) -> C^↔, log s."""
+    old_vec, old_lse = old_vec.detach(), old_lse.detach()
+    top = torch.maximum(old_lse, new_lse)
+    s_old, s_new = (old_lse - top).exp(), (new_lse - top).exp()  # (B, H, M), the larger one is 1
+    alpha = (s_old / (s_old + s_new + eps))[..., None]          # (B, H, M, 1)
+    return alpha * old_vec + (1 - alpha) * new_vec, torch.logaddexp(old_lse, new_lse)
+
+
+def update_memory(memory, seg):
+    """The memory after the tokens of seg (OpenSegment), detached: layer 0's memory rolls FIFO over their embeddings;
+    every layer but the last keeps C and log s of the last M positions (old ones merged, new ones the tokens' own)."""
+    emb = torch.cat(seg.emb, dim=1)                               # (B, T, C)
+    M, T = memory.mem.size(2), emb.size(1)
+
+    def last_M(k, dtype):       # state k (0: C, 1: log s) of every layer but the last -> (n_layer-1, B, H, M, ...)
+        return torch.stack([torch.cat([old[k].to(dtype)] + [p[k].to(dtype) for p in pieces], dim=2)[:, :, T:]
+                            for old, pieces in zip(seg.mem_states, seg.seg_states)]).detach().contiguous()
+
+    mem = torch.cat([memory.mem[0], emb.to(memory.mem.dtype)], dim=1)[:, T:]      # (B, M, C)
+    return Memory(mem=mem[None].detach().contiguous(), length=(memory.length + T).clamp(max=M),
+                  attn_vec=last_M(0, memory.attn_vec.dtype), attn_lse=last_M(1, memory.attn_lse.dtype),
+                  prev_len=torch.full_like(memory.prev_len, T))
+
+
+# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->LookAheadAttn and forward() cut in pieces
+class LookAheadAttn(nn.Module):
+    """model_xl.py's RelMultiHeadAttn (same parameters and names) cut in pieces: forward() the segment's attention,
+    look_ahead() the memory's (§3.1), both -> the output before W_o and its log s; output() W_o, LayerNorm."""
+
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.q_net = nn.Linear(C, H * D, bias=False)         # W_q
+        self.kv_net = nn.Linear(C, 2 * H * D, bias=False)    # W_{k,E} and W_v
+        self.r_net = nn.Linear(C, H * D, bias=False)         # W_{k,R}, for the distances of both directions
+        self.o_net = nn.Linear(H * D, C, bias=False)
+        self.layer_norm = nn.LayerNorm(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = nn.Dropout(config.dropatt)
+        self.scale = 1.0 / math.sqrt(D)
+        self.pre_lnorm = config.pre_lnorm
+
+    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
+    def keys_values(self, h):
+        """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
+        position alone (positions enter only through R), so the memory's can be computed once and cached."""
+        B, S, _ = h.shape
+        if self.pre_lnorm:
+            h = self.layer_norm(h)
+        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
+        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
+
+    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
+    def project_positions(self, r):
+        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
+        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
+
+    def queries(self, h):                                         # (B, S, C) -> (B, H, S, D)
+        B, S, _ = h.shape
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        return self.q_net(x).view(B, S, self.n_head, self.d_head).transpose(1, 2)
+
+    def softmax_with_lse(self, score, mask, v):
+        """softmax(score) v with the log-sum-exp of every row (log s). score: (B, H, Q, K) already scaled; mask:
+        (B, 1, Q, K) True where allowed; v: (B, H, K, D). -> (B, H, Q, D) and (B, H, Q) in float32 or wider."""
+        score = score.to(torch.promote_types(score.dtype, torch.float32)).masked_fill(~mask, float('-inf'))
+        prob, lse = SoftmaxLSE.apply(score)                       # (B, H, Q, K), (B, H, Q)   log s
+        return torch.einsum('bhij,bhjd->bhid', self.dropatt(prob.to(v.dtype)), v), lse
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
+        """The segment's attention, as model_xl.py's. -> C (B, H, T, D), log s (B, H, T), (k, v) of [m^l ; h^l]."""
+        q = self.queries(h)                                       # (B, H, T, D)
+        k, v = (torch.cat([mem, new], dim=2) for mem, new in zip(mem_kv, self.keys_values(h)))   # (B, H, K, D) each
+        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)  W_{k,R} R
+        AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, T, K)
+        BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))     # (B, H, T, K)
+        vec, lse = self.softmax_with_lse((AC + BD) * self.scale, attn_mask, v)
+        return vec, lse, (k, v)
+
+    def look_ahead(self, m, kv, r_future, r_w_bias, r_r_bias_future, mask):
+        """Look-ahead attention (§3.1, §3.3) of the memory m^l (B, M, C) on the window M-W+1..M of kv (k, v) (B, H, M+T,
+        D); r_future: (M, C) R at distances 1..M; mask (B, 1, M, W). -> C^→ (B, H, M, D), log s^→ (B, H, M)."""
+        M, W = m.size(1), mask.size(-1)
+        q = self.queries(m)                                       # (B, H, M, D)
+        k, v = (t[:, :, M - W + 1:M + 1] for t in kv)             # (B, H, W, D) the window K~, V~
+        r_k = self.project_positions(r_future)                    # (H, M, D)  W_{k,R} R_{1..M}
+        AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, M, W)
+        BD = future_position_scores(q + r_r_bias_future[:, None], r_k, W)             # (B, H, M, W)
+        return self.softmax_with_lse((AC + BD) * self.scale, mask, v)
+
+    def output(self, h, vec):
+        """W_o, dropout, residual and LayerNorm of attention outputs vec (B, H, S, D) for layer inputs h (B, S, C)."""
+        B, S, _ = h.shape
+        attn_out = self.drop(self.o_net(vec.transpose(1, 2).reshape(B, S, -1)))      # (B, S, C)
+        return h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
+
+
+# Copied from model_xl.py (Block) with RelMultiHeadAttn->LookAheadAttn, (C, log s) returned and refresh() added
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = LookAheadAttn(config)
+        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
+        """The segment's tokens, as model_xl.py's Block. -> output (B, T, C), their (C, log s), (k, v)."""
+        vec, lse, kv = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask)
+        return self.ff(self.attn.output(h, vec)), (vec, lse), kv
+
+    def refresh(self, m, old, kv, r_future, r_w_bias, r_r_bias_future, mask, mem_valid):
+        """The memory's way through the layer: look-ahead attention, interpolation with the stored `old` (C^←, log s^←)
+        (an invalid slot, mem_valid (B, M) False, keeps it), the rest of the layer. -> m^{l+1}, merged (C^↔, log s)."""
+        vec, lse = lookahead_merge(*old, *self.attn.look_ahead(m, kv, r_future, r_w_bias, r_r_bias_future, mask))
+        keep = mem_valid[:, None, :]                              # (B, 1, M)
+        vec, lse = torch.where(keep[..., None], vec, old[0]), torch.where(keep, lse, old[1])
+        return self.ff(self.attn.output(m, vec)), (vec, lse)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__) with r_r_bias_future (v₊) added
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.word_emb = ScaledEmbedding(config.vocab_size, C)
+        self.pos_emb = PositionalEmbedding(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        n_bias = config.n_layer if config.untie_r else 1
+        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
+        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
+        # v₊ (§3.3), the bias of look-ahead distances; the last layer refreshes nothing and has none
+        self.r_r_bias_future = nn.Parameter(torch.empty(config.n_layer - 1 if config.untie_r else 1, H, D))
+        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
+        self.apply(self._init_weights)
+        for bias in (self.r_w_bias, self.r_r_bias, self.r_r_bias_future):
+            nn.init.normal_(bias, 0.0, config.init_std)
+
+    # Copied from model_xl.py (Model._init_weights)
+    def _init_weights(self, module):
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
+        std = self.config.init_std
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaledEmbedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, std)
+            nn.init.zeros_(module.bias)
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (a longer one at eval)."""
+        c = self.config
+        M = c.mem_len if mem_len is None else mem_len
+        B, L, H, D = batch_size, c.n_layer - 1, c.n_head, c.d_head   # the last layer refreshes nothing
+        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
+        zeros, count = partial(torch.zeros, device=device, dtype=dtype), partial(torch.zeros, B, dtype=torch.long)
+        return Memory(mem=zeros(1, B, M, c.n_embd), length=count(device=device), attn_vec=zeros(L, B, H, M, D),
+                      prev_len=count(device=device),
+                      attn_lse=zeros(L, B, H, M, dtype=torch.promote_types(dtype, torch.float32)))
+
+    def reset_memory(self, memory, mask):
+        """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
+        keep = ~mask            # (B,); as (B, 1, ..., 1) it broadcasts onto the batch dim of both (B,) and (L, B, ...)
+        return Memory(**{name: x * keep.view(-1, *[1] * (x.dim() - 2)).to(x.dtype) for name, x in vars(memory).items()})
+
+    # Copied from model_xl.py (Model._relative_positions) with K->pos_seq: any distances (the look-ahead's are 1..M)
+    def _positions(self, pos_seq):
+        """R at the given distances (clamped at clamp_len), with dropout as in the paper's code."""
+        if self.config.clamp_len > 0:
+            pos_seq = pos_seq.clamp(max=self.config.clamp_len)
+        return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
+
+    # Copied from model_xl.py (Model._attn_mask)
+    def _attn_mask(self, key_valid, T, mem_len):
+        """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
+        Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
+        same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
+        S = key_valid.size(1) - T
+        i = torch.arange(T, device=key_valid.device)[:, None]
+        j = torch.arange(S + T, device=key_valid.device)[None, :]
+        distance = S + i - j                                      # (T, K)
+        allowed = distance >= 0                                   # causal
+        if self.config.same_length:
+            allowed = allowed & (distance < max(mem_len, 1))
+        return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
+
+    # Copied from model_xl.py (Model._u_v) with _u_v->_biases, which adds v₊ (None for the last layer)
+    def _biases(self, n):                                         # u, v and v₊ of layer n (no v₊ for the last)
+        i = n if self.config.untie_r else 0
+        return self.r_w_bias[i], self.r_r_bias[i], self.r_r_bias_future[i] if n < len(self.layers) - 1 else None
+
+    def _open_segment(self, h, memory):
+        """All layers for the first T tokens h^0 (B, T, C) of a segment, refreshing the memory on the way up (steps
+        1-4 of the docstring). -> the last layer's output (B, T, C) and the OpenSegment."""
+        B, T, _ = h.shape
+        M, device = memory.mem.size(2), h.device
+        mem_valid = torch.arange(M, device=device)[None, :] >= (M - memory.length)[:, None]   # (B, M)
+        seg = OpenSegment(key_valid=torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1), emb=[h])
+        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, M+T)
+        K_max = M + self.config.seg_len                           # generate() slices the longest segment's W_{k,R} R
+        r = self._positions(torch.arange(K_max - 1, -1, -1.0, device=device))         # (K_max, C) distances K_max-1..0
+        if M > 0:
+            la_mask = look_ahead_mask(memory, min(self.config.seg_len, M))           # (B, 1, M, W)
+            r_future = self._positions(torch.arange(1.0, M + 1, device=device))        # (M, C) distances 1..M
+        m = memory.mem[0]                                         # (B, M, C) m^0, stored
+        for n, layer in enumerate(self.layers):
+            u, v, v_future = self._biases(n)
+            seg.r_k.append(layer.attn.project_positions(r))
+            h, state, kv = layer(h, layer.attn.keys_values(m), seg.r_k[n][:, -(M + T):], u, v, attn_mask)
+            if v_future is not None:                              # the last layer has no next layer to refresh
+                old = (memory.attn_vec[n], memory.attn_lse[n])    # (B, H, M, D), (B, H, M)
+                if M > 0:
+                    m, old = layer.refresh(m, old, kv, r_future, u, v_future, la_mask, mem_valid)   # m^{l+1}
+                seg.mem_states.append(old)
+            seg.kv.append(kv)
+            seg.seg_states.append([state])
+        return h, seg
+
+    def _extend_segment(self, h, seg, M):
+        """Later tokens h (B, T, C) of an open segment (generate): they attend to the cached [refreshed memory ;
+        earlier tokens] as in Transformer-XL. -> the last layer's output."""
+        B, T, _ = h.shape
+        seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
+        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, K)
+        K = seg.key_valid.size(1)
+        seg.emb.append(h)
+        for n, layer in enumerate(self.layers):
+            h, state, seg.kv[n] = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._biases(n)[:2], attn_mask)   # u, v
+            seg.seg_states[n].append(state)
+        return h
+
+    def forward(self, idx, memory, targets=None):
+        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux)."""
+        T = idx.size(1)
+        if T > self.config.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
+        h, seg = self._open_segment(self.drop(self.word_emb(idx)), memory)           # (B, T, C)
+        logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)            # (B, T, V), tied output layer
+        new_memory = update_memory(memory, seg)
+        loss, aux = None, {}
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            aux['lm_loss'] = loss.detach()
+        return logits, loss, new_memory, aux
+
+    # Copied from model_xl.py (Model.num_params)
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, mem_len=None):
+        """Training FLOPs per token (MFU), memory detached: model_xl.py's count plus, per segment, the memory's way up
+        (a multiply-add: 4 FLOPs on the stored m^0, 6 on a refreshed m^l): W_q, the look-ahead, W_o and FF over M."""
+        c = self.config
+        matrices = sum(p.numel() for n, p in self.named_parameters() if n.endswith('weight') and p.dim() > 1)
+        M = c.mem_len if mem_len is None else mem_len
+        T, K, C, HD, W, L = c.seg_len, M + c.seg_len, c.n_embd, c.n_head * c.d_head, min(c.seg_len, M), c.n_layer
+        weights = 6 * (matrices - L * C * HD)           # every weight but W_{k,R}, once a token
+        attention = 6 * 3 * L * HD * K
+        memory = (4 + 6 * (L - 1)) * M * C * 2 * HD              # [m^l] W_{k,E}, W_v in every layer
+        w_q = (4 + 6 * (L - 2)) * M * C * HD                      # the memory queries of layers 0 .. L-2
+        refresh = (L - 1) * 6 * (M * (C * HD + 2 * C * c.d_inner) + 4 * HD * M * W)   # look-ahead, W_o, FF
+        return weights + attention + (memory + w_q + refresh) / T
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
+        """Continue idx (B, T0) after memory (optional), as decode(); a segment's first tokens refresh the memory."""
+        if memory is None:
+            memory = self.init_memory(idx.size(0), idx.device)
+        seg = None                                                      # the open segment, None until its first token
+
+        def step(tokens, closes_segment):
+            nonlocal memory, seg
+            h = self.drop(self.word_emb(tokens))                        # (B, T, C)
+            if seg is None:                                             # a segment opens: its first tokens refresh
+                h, seg = self._open_segment(h, memory)                  # the memory
+            else:
+                h = self._extend_segment(h, seg, memory.mem.size(2))
+            if closes_segment:                                          # it becomes the memory, as in forward()
+                memory = update_memory(memory, seg)
+                seg = None
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
+
+        return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Blocks copied verbatim from model_xl.py (tests/test_copies.py keeps them identical)
 
 # Copied from model_xl.py (PositionwiseFF)
 class PositionwiseFF(nn.Module):
@@ -190,10 +534,6 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
     return idx
 
 
-# -----------------------------------------------------------------------------------------------------------
-# Relative attention in both directions, and the memory interpolation
-
-
 # Copied from model_xl.py (rel_shift)
 def rel_shift(x):
     """The rel-shift trick of the Transformer-XL code (its appendix B computes the same thing).
@@ -208,363 +548,3 @@ def rel_shift(x):
     x_padded = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1)    # (B, H, T, K+1)
     x_padded = x_padded.view(B, H, K + 1, T)
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
-
-
-def future_position_scores(q, r_k, W):
-    """rel_shift's counterpart to the right (Eq. 12): scores (q_i + v₊)·W_{k,R} R_{j-i} of the M memory queries q
-    (B, H, M, D), v₊ added, against the W window keys; r_k (H, M, D) is W_{k,R} R at distances 1..M. Out: y[..., i, j]
-    = q_i · r_k[M - W + j - i], key j at position M - W + 1 + j of [memory ; segment] (distance <= 0: garbage, always
-    masked). Each block of W queries scores its 2W - 1 distances as one (W, 2W) product, O(M W) where the authors'
-    code is O(M²) (index_select and gather: a strided-view skew aborted inductor's CPU backward)."""
-    B, H, M, D = q.shape
-    nb = -(-M // W)                                               # blocks of W queries
-    q = F.pad(q, (0, 0, 0, nb * W - M)).view(B, H, nb, W, D)      # (B, H, nb, W, D), zero queries at the end
-    # block a needs distance rows c0(a) .. c0(a) + 2W - 1, c0(a) = M - 2W + 1 - aW; rows outside 0..M-1 read zeros
-    pad = (nb + 1) * W - M - 1                                    # zero rows before row 0
-    r = F.pad(r_k, (0, 0, pad, 1))                                # (H, pad + M + 1, D)
-    first = pad + M - 2 * W + 1 - W * torch.arange(nb, device=q.device)           # (nb,) c0(a) in r's rows
-    rows = first[:, None] + torch.arange(2 * W, device=q.device)                   # (nb, 2W)
-    r = r.index_select(1, rows.flatten()).view(H, nb, 2 * W, D)   # (H, nb, 2W, D)
-    s = torch.einsum('bhaid,hacd->bhaic', q, r)                   # (B, H, nb, W, 2W)
-    i = torch.arange(W, device=q.device)
-    take = (W - 1 - i[:, None] + i[None, :]).expand(B, H, nb, W, W)                # y[i, j] = s[i, W - 1 - i + j]
-    return s.gather(-1, take).reshape(B, H, nb * W, W)[:, :, :M]  # (B, H, M, W)
-
-
-class SoftmaxLSE(torch.autograd.Function):
-    """softmax(score) and its log-sum-exp log s from one softmax: max p = 1/s, so log s = max(score) - log max(p),
-    and ∂ log s/∂score = p. One exp over (B, H, Q, K) where autograd through logsumexp takes three (bench/README)."""
-
-    @staticmethod
-    def forward(ctx, score):
-        prob = torch.softmax(score, dim=-1)
-        ctx.save_for_backward(prob)
-        return prob, score.amax(-1) - prob.amax(-1).log()
-
-    @staticmethod
-    def backward(ctx, grad_prob, grad_lse):                       # p ⊙ (g - Σ g p) + grad_lse p
-        prob, = ctx.saved_tensors
-        return torch._softmax_backward_data(grad_prob, prob, -1, prob.dtype).addcmul_(prob, grad_lse[..., None])
-
-
-def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
-    """Memory interpolation (§3.2): C^↔ = α sg(C^←) + (1 - α) C^→, α = sg(s^←) / (sg(s^←) + s^→ + ε), computed
-    stably from the log-sum-exps (subtract the max, as the authors' code); with ε = 0, one softmax over the old and
-    the new keys together. old_vec, new_vec: (B, H, M, D); old_lse, new_lse: (B, H, M). -> C^↔, log(s^← + s^→)."""
-    old_vec, old_lse = old_vec.detach(), old_lse.detach()
-    top = torch.maximum(old_lse, new_lse)
-    s_old, s_new = (old_lse - top).exp(), (new_lse - top).exp()  # (B, H, M), the larger one is 1
-    alpha = (s_old / (s_old + s_new + eps))[..., None]          # (B, H, M, 1)
-    return alpha * old_vec + (1 - alpha) * new_vec, torch.logaddexp(old_lse, new_lse)
-
-
-# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->LookAheadAttn and forward() cut in pieces
-class LookAheadAttn(nn.Module):
-    """model_xl.py's RelMultiHeadAttn (the same parameters, the same names), cut where LaMemo needs it: forward() is
-    the segment's causal attention, look_ahead() the memory's (§3.1); both return the output before W_o and its
-    log-sum-exp, which the interpolation needs; output() applies W_o, the residual and the LayerNorm to either."""
-
-    def __init__(self, config):
-        super().__init__()
-        C, H, D = config.n_embd, config.n_head, config.d_head
-        self.n_head, self.d_head = H, D
-        self.q_net = nn.Linear(C, H * D, bias=False)         # W_q
-        self.kv_net = nn.Linear(C, 2 * H * D, bias=False)    # W_{k,E} and W_v
-        self.r_net = nn.Linear(C, H * D, bias=False)         # W_{k,R}, for the distances of both directions
-        self.o_net = nn.Linear(H * D, C, bias=False)
-        self.layer_norm = nn.LayerNorm(C)
-        self.drop = nn.Dropout(config.dropout)
-        self.dropatt = nn.Dropout(config.dropatt)
-        self.scale = 1.0 / math.sqrt(D)
-        self.pre_lnorm = config.pre_lnorm
-
-    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
-    def keys_values(self, h):
-        """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
-        position alone (positions enter only through R), so the memory's can be computed once and cached."""
-        B, S, _ = h.shape
-        if self.pre_lnorm:
-            h = self.layer_norm(h)
-        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
-        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
-
-    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
-    def project_positions(self, r):
-        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
-        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
-
-    def queries(self, h):                                         # (B, S, C) -> (B, H, S, D)
-        B, S, _ = h.shape
-        x = self.layer_norm(h) if self.pre_lnorm else h
-        return self.q_net(x).view(B, S, self.n_head, self.d_head).transpose(1, 2)
-
-    def softmax_with_lse(self, score, mask, v):
-        """softmax(score) v with the log-sum-exp of every row (log s). score: (B, H, Q, K) already scaled; mask:
-        (B, 1, Q, K) True where allowed; v: (B, H, K, D). -> (B, H, Q, D) and (B, H, Q) in float32 or wider."""
-        score = score.to(torch.promote_types(score.dtype, torch.float32)).masked_fill(~mask, float('-inf'))
-        prob, lse = SoftmaxLSE.apply(score)                       # (B, H, Q, K), (B, H, Q)   log s
-        return torch.einsum('bhij,bhjd->bhid', self.dropatt(prob.to(v.dtype)), v), lse
-
-    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
-        """The segment's queries: Transformer-XL's relative attention (terms (a)-(d)), arguments as model_xl.py's
-        (r: R (K, C) or W_{k,R} R (H, K, D)).
-        -> C (B, H, T, D), log s (B, H, T) and (k, v) (B, H, S+T, D) of [m^l ; h^l]."""
-        q = self.queries(h)                                       # (B, H, T, D)
-        k, v = (torch.cat([mem, new], dim=2) for mem, new in zip(mem_kv, self.keys_values(h)))   # (B, H, K, D) each
-        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)  W_{k,R} R
-        AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, T, K)
-        BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))     # (B, H, T, K)
-        vec, lse = self.softmax_with_lse((AC + BD) * self.scale, attn_mask, v)
-        return vec, lse, (k, v)
-
-    def look_ahead(self, m, kv, r_future, r_w_bias, r_r_bias_future, mask):
-        """Look-ahead attention (§3.1; positions §3.3): memory query i attends to the window keys on its right.
-        m: (B, M, C) memory input m^l; kv: (k, v) (B, H, M+T, D) of [m^l ; h^l]; r_future: (M, C) R for distances
-        1..M; mask: (B, 1, M, W) over the window M-W+1..M. -> C^→ (B, H, M, D) and log s^→ (B, H, M)."""
-        M, W = m.size(1), mask.size(-1)
-        q = self.queries(m)                                       # (B, H, M, D)
-        k, v = (t[:, :, M - W + 1:M + 1] for t in kv)             # (B, H, W, D) the window K~, V~
-        r_k = self.project_positions(r_future)                    # (H, M, D)  W_{k,R} R_{1..M}
-        AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, M, W)
-        BD = future_position_scores(q + r_r_bias_future[:, None], r_k, W)             # (B, H, M, W)
-        return self.softmax_with_lse((AC + BD) * self.scale, mask, v)
-
-    def output(self, h, vec):
-        """W_o, dropout, residual and LayerNorm of attention outputs vec (B, H, S, D) for layer inputs h (B, S, C)."""
-        B, S, _ = h.shape
-        attn_out = self.drop(self.o_net(vec.transpose(1, 2).reshape(B, S, -1)))      # (B, S, C)
-        return h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
-
-
-# Copied from model_xl.py (Block) with RelMultiHeadAttn->LookAheadAttn, (C, log s) returned and refresh() added
-class Block(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.attn = LookAheadAttn(config)
-        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
-
-    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):
-        """The segment's tokens, as model_xl.py's Block. -> output (B, T, C), their (C, log s), (k, v)."""
-        vec, lse, kv = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask)
-        return self.ff(self.attn.output(h, vec)), (vec, lse), kv
-
-    def refresh(self, m, old, kv, r_future, r_w_bias, r_r_bias_future, mask, mem_valid):
-        """The memory's way through the layer: look-ahead attention, interpolation with the stored `old` (C^←, log s^←)
-        (an invalid slot, mem_valid (B, M) False, keeps it), the rest of the layer. -> m^{l+1}, merged (C^↔, log s)."""
-        vec, lse = lookahead_merge(*old, *self.attn.look_ahead(m, kv, r_future, r_w_bias, r_r_bias_future, mask))
-        keep = mem_valid[:, None, :]                              # (B, 1, M)
-        vec, lse = torch.where(keep[..., None], vec, old[0]), torch.where(keep, lse, old[1])
-        return self.ff(self.attn.output(m, vec)), (vec, lse)
-
-
-def look_ahead_mask(memory, W):
-    """(B, 1, M, W): memory slot i may attend the window key at position p = M-W+1+j of [memory ; segment] when p
-    is on its right (p > i: §3.1's upper triangle), valid, and not yet looked at: in the previous segment but not its
-    first token (the end of the previous window), p > M - prev_len, or the segment's first token, p = M."""
-    M, device = memory.mem.size(2), memory.length.device
-    p = torch.arange(M - W + 1, M + 1, device=device)             # (W,)
-    right = (p[None] > torch.arange(M, device=device)[:, None])[None]            # (1, M, W): p > i
-    unseen = (p[None] > (M - memory.prev_len)[:, None]) | (p == M)[None]          # (B, W)
-    valid = p[None] >= (M - memory.length)[:, None]                                 # (B, W)
-    return (right & (unseen & valid)[:, None])[:, None]          # (B, 1, M, W)
-
-
-def update_memory(memory, seg):
-    """The memory after the tokens of seg (OpenSegment), detached: layer 0's memory rolls FIFO over their embeddings;
-    every layer but the last keeps C and log s of the last M positions (old ones merged, new ones the tokens' own)."""
-    emb = torch.cat(seg.emb, dim=1)                               # (B, T, C)
-    M, T = memory.mem.size(2), emb.size(1)
-
-    def last_M(k, dtype):       # state k (0: C, 1: log s) of every layer but the last -> (n_layer-1, B, H, M, ...)
-        return torch.stack([torch.cat([old[k].to(dtype)] + [p[k].to(dtype) for p in pieces], dim=2)[:, :, T:]
-                            for old, pieces in zip(seg.mem_states, seg.seg_states)]).detach().contiguous()
-
-    mem = torch.cat([memory.mem[0], emb.to(memory.mem.dtype)], dim=1)[:, T:]      # (B, M, C)
-    return Memory(mem=mem[None].detach().contiguous(), length=(memory.length + T).clamp(max=M),
-                  attn_vec=last_M(0, memory.attn_vec.dtype), attn_lse=last_M(1, memory.attn_lse.dtype),
-                  prev_len=torch.full_like(memory.prev_len, T))
-
-
-# -----------------------------------------------------------------------------------------------------------
-# The model
-
-
-class Model(nn.Module):
-    # Copied from model_xl.py (Model.__init__) with r_r_bias_future (v₊) added
-    def __init__(self, config: Config):
-        super().__init__()
-        self.config = config
-        C, H, D = config.n_embd, config.n_head, config.d_head
-        self.word_emb = ScaledEmbedding(config.vocab_size, C)
-        self.pos_emb = PositionalEmbedding(C)
-        self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
-        n_bias = config.n_layer if config.untie_r else 1
-        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
-        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
-        # v₊ (§3.3), the bias of look-ahead distances; the last layer refreshes nothing and has none
-        self.r_r_bias_future = nn.Parameter(torch.empty(config.n_layer - 1 if config.untie_r else 1, H, D))
-        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
-        self.apply(self._init_weights)
-        for bias in (self.r_w_bias, self.r_r_bias, self.r_r_bias_future):
-            nn.init.normal_(bias, 0.0, config.init_std)
-
-    # Copied from model_xl.py (Model._init_weights)
-    def _init_weights(self, module):
-        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
-        # LayerNorm gains N(1, init_std).
-        std = self.config.init_std
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, ScaledEmbedding):
-            nn.init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.normal_(module.weight, 1.0, std)
-            nn.init.zeros_(module.bias)
-
-    # --- memory -------------------------------------------------------------------------------------------
-
-    def init_memory(self, batch_size, device, mem_len=None):
-        """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (a longer one at eval)."""
-        c = self.config
-        M = c.mem_len if mem_len is None else mem_len
-        B, L, H, D = batch_size, c.n_layer - 1, c.n_head, c.d_head   # the last layer refreshes nothing
-        dtype = self.word_emb.weight.dtype                       # float32 under autocast; the model's own if cast
-        return Memory(mem=torch.zeros(1, B, M, c.n_embd, device=device, dtype=dtype),
-                      length=torch.zeros(B, dtype=torch.long, device=device),
-                      attn_vec=torch.zeros(L, B, H, M, D, device=device, dtype=dtype),
-                      attn_lse=torch.zeros(L, B, H, M, device=device, dtype=torch.promote_types(dtype, torch.float32)),
-                      prev_len=torch.zeros(B, dtype=torch.long, device=device))
-
-    def reset_memory(self, memory, mask):
-        """Empty the memory of the rows where mask (B,) is True, e.g. at a document boundary."""
-        keep = ~mask            # (B,); as (B, 1, ..., 1) it broadcasts onto the batch dim of both (B,) and (L, B, ...)
-        return Memory(**{name: x * keep.view(-1, *[1] * (x.dim() - 2)).to(x.dtype) for name, x in vars(memory).items()})
-
-    # Copied from model_xl.py (Model._relative_positions) with K->pos_seq: any distances (the look-ahead's are 1..M)
-    def _positions(self, pos_seq):
-        """R at the given distances (clamped at clamp_len), with dropout as in the paper's code."""
-        if self.config.clamp_len > 0:
-            pos_seq = pos_seq.clamp(max=self.config.clamp_len)
-        return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
-
-    # Copied from model_xl.py (Model._attn_mask)
-    def _attn_mask(self, key_valid, T, mem_len):
-        """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
-        Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
-        same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
-        S = key_valid.size(1) - T
-        i = torch.arange(T, device=key_valid.device)[:, None]
-        j = torch.arange(S + T, device=key_valid.device)[None, :]
-        distance = S + i - j                                      # (T, K)
-        allowed = distance >= 0                                   # causal
-        if self.config.same_length:
-            allowed = allowed & (distance < max(mem_len, 1))
-        return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
-
-    # Copied from model_xl.py (Model._u_v) with _u_v->_biases, which adds v₊ (None for the last layer)
-    def _biases(self, n):                                         # u, v and v₊ of layer n (no v₊ for the last)
-        i = n if self.config.untie_r else 0
-        return self.r_w_bias[i], self.r_r_bias[i], self.r_r_bias_future[i] if n < len(self.layers) - 1 else None
-
-    # --- forward ------------------------------------------------------------------------------------------
-
-    def _open_segment(self, h, memory):
-        """All layers for the first T tokens of a segment, refreshing the memory on the way up (steps 1-4 of the
-        docstring). h: (B, T, C) embeddings h^0. -> the last layer's output (B, T, C) and the OpenSegment."""
-        B, T, _ = h.shape
-        M, device = memory.mem.size(2), h.device
-        mem_valid = torch.arange(M, device=device)[None, :] >= (M - memory.length)[:, None]   # (B, M)
-        seg = OpenSegment(key_valid=torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1), emb=[h])
-        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, M+T)
-        K_max = M + self.config.seg_len                           # generate() slices the longest segment's W_{k,R} R
-        r = self._positions(torch.arange(K_max - 1, -1, -1.0, device=device))         # (K_max, C) distances K_max-1..0
-        if M > 0:
-            la_mask = look_ahead_mask(memory, min(self.config.seg_len, M))           # (B, 1, M, W)
-            r_future = self._positions(torch.arange(1.0, M + 1, device=device))        # (M, C) distances 1..M
-        m = memory.mem[0]                                         # (B, M, C) m^0, stored
-        for n, layer in enumerate(self.layers):
-            u, v, v_future = self._biases(n)
-            seg.r_k.append(layer.attn.project_positions(r))
-            h, state, kv = layer(h, layer.attn.keys_values(m), seg.r_k[n][:, -(M + T):], u, v, attn_mask)
-            if v_future is not None:                              # the last layer has no next layer to refresh
-                old = (memory.attn_vec[n], memory.attn_lse[n])    # (B, H, M, D), (B, H, M)
-                if M > 0:
-                    m, old = layer.refresh(m, old, kv, r_future, u, v_future, la_mask, mem_valid)   # m^{l+1}
-                seg.mem_states.append(old)
-            seg.kv.append(kv)
-            seg.seg_states.append([state])
-        return h, seg
-
-    def _extend_segment(self, h, seg, M):
-        """Later tokens of an open segment (generate): they attend to the cached keys and values of [refreshed
-        memory ; earlier tokens], as in Transformer-XL. h: (B, T, C) embeddings. -> the last layer's output."""
-        B, T, _ = h.shape
-        seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
-        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, K)
-        K = seg.key_valid.size(1)
-        seg.emb.append(h)
-        for n, layer in enumerate(self.layers):
-            h, state, seg.kv[n] = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._biases(n)[:2], attn_mask)   # u, v
-            seg.seg_states[n].append(state)
-        return h
-
-    def forward(self, idx, memory, targets=None):
-        """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux)."""
-        T = idx.size(1)
-        if T > self.config.seg_len:
-            raise ValueError(f"segment of {T} tokens is longer than seg_len={self.config.seg_len}")
-        h, seg = self._open_segment(self.drop(self.word_emb(idx)), memory)           # (B, T, C)
-        logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)            # (B, T, V), tied output layer
-        new_memory = update_memory(memory, seg)
-        loss, aux = None, {}
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-            aux['lm_loss'] = loss.detach()
-        return logits, loss, new_memory, aux
-
-    # Copied from model_xl.py (Model.num_params)
-    def num_params(self):
-        return sum(p.numel() for p in self.parameters())
-
-    def flops_per_token(self, mem_len=None):
-        """Training FLOPs per token (MFU), memory detached: model_xl.py's count plus, per segment, the memory's way up.
-        A multiply-add costs 4 FLOPs on the stored m^0 (no gradient), 6 on every refreshed m^l. Every layer but the
-        last refreshes: W_q over M memory queries, the look-ahead attention (W keys, 2W distances, W values per
-        query), W_o and the feed-forward over M positions. W_{k,R} acts on R once per batch (not counted)."""
-        c = self.config
-        matrices = sum(p.numel() for n, p in self.named_parameters() if n.endswith('weight') and p.dim() > 1)
-        M = c.mem_len if mem_len is None else mem_len
-        T, K, C, HD, W, L = c.seg_len, M + c.seg_len, c.n_embd, c.n_head * c.d_head, min(c.seg_len, M), c.n_layer
-        weights = 6 * (matrices - L * C * HD)           # every weight but W_{k,R}, once a token
-        attention = 6 * 3 * L * HD * K
-        memory = (4 + 6 * (L - 1)) * M * C * 2 * HD              # [m^l] W_{k,E}, W_v in every layer
-        w_q = (4 + 6 * (L - 2)) * M * C * HD                      # the memory queries of layers 0 .. L-2
-        refresh = (L - 1) * 6 * (M * (C * HD + 2 * C * c.d_inner) + 4 * HD * M * W)   # look-ahead, W_o, FF
-        return weights + attention + (memory + w_q + refresh) / T
-
-    # --- generation ---------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional); callback as decode()'s. A segment's
-        first tokens refresh the memory as forward() does, later ones attend to the cached keys and values."""
-        if memory is None:
-            memory = self.init_memory(idx.size(0), idx.device)
-        seg = None                                                      # the open segment, None until its first token
-
-        def step(tokens, closes_segment):
-            nonlocal memory, seg
-            h = self.drop(self.word_emb(tokens))                        # (B, T, C)
-            if seg is None:                                             # a segment opens: its first tokens refresh
-                h, seg = self._open_segment(h, memory)                  # the memory
-            else:
-                h = self._extend_segment(h, seg, memory.mem.size(2))
-            if closes_segment:                                          # it becomes the memory, as in forward()
-                memory = update_memory(memory, seg)
-                seg = None
-            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
-
-        return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)
