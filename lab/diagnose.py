@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'bench'))   # bench/common.py and the benchmarks
 import common  # noqa: E402
+import model_infformer  # noqa: E402  (common puts the repository on sys.path)
+import model_infini  # noqa: E402
 import recall  # noqa: E402
 
 
@@ -40,8 +42,8 @@ def memory_read_weights(model, body, T, positions):
     """Run the episode `body` (tokens, a multiple of T long) segment by segment through a linear-update Infini
     model, once; for the P queries at `positions` (in the last segment) return, per layer n, the normalised weights
     w (H, P, S) = σ(q)·σ(k_j) / Σ_j σ(q)·σ(k_j) over the S tokens in memory, their values v (H, S, D), and the
-    memory (M, z) the layer read: Σ_j w_j v_j is the layer's A_mem for each query (Eqs. 7-8)."""
-    import model_infini as mi
+    memory (M, z) the layer read: Σ_j w_j v_j is the layer's A_mem for each query (Eqs. 7-8). σ is the layer's own
+    feature map (InfiniAttention.features: lab/model_infini_probes.py's feature_scale included)."""
     inputs = {}
     hooks = [layer.attn.register_forward_hook(lambda m, a, o, n=n: inputs.__setitem__(n, a[0]))
              for n, layer in enumerate(model.layers)]
@@ -60,8 +62,7 @@ def memory_read_weights(model, body, T, positions):
                         keys = torch.cat([kv[0] for kv in past[n]], dim=2)[0]         # (H, S, D)
                         values = torch.cat([kv[1] for kv in past[n]], dim=2)[0]       # (H, S, D)
                         rows = torch.as_tensor(positions) - start
-                        q_s, k_s = q[0][:, rows] * attn.feature_scale, keys * attn.feature_scale  # (H, P, D)
-                        w = mi.sigma(q_s) @ mi.sigma(k_s).transpose(1, 2)                # (H, P, S)
+                        w = attn.features(q[0][:, rows]) @ attn.features(keys).transpose(1, 2)   # (H, P, S)
                         out[n] = (w / w.sum(-1, keepdim=True), values, memory.M[n], memory.z[n])
                     past[n].append((k, v))
                 memory = next_memory
@@ -116,14 +117,16 @@ def ltm_trace(model, body):
 
 def ltm_read_states(model, n, densities, memory):
     """What layer n's LTM attention read in state space, before W^V, from ltm_trace's record: r = Bᵀ E_p[ψ]
-    (Eq. 11), or with ltm_read='discrete' r = Σ_m p_m X̄(m/M) = Bᵀ Σ_m p_m ψ(m/M). -> (1, H, T, C)"""
-    import model_infformer as mf
+    (Eq. 11), or with lab/model_infformer_probes.py's ltm_read='discrete' r = Σ_m p_m X̄(m/M) = Bᵀ Σ_m p_m ψ(m/M).
+    -> (1, H, T, C)"""
     mu, s2, queries, read = densities[n]
-    if read.points is None:
-        weights = mf.expected_basis(mu, s2, model.long_term.basis_mu, model.long_term.basis_sigma)   # (1, H, T, N)
+    ltm = model.layers[n].attn.ltm
+    if getattr(ltm, 'ltm_read', 'continuous') == 'continuous':
+        lt = model.long_term
+        weights = model_infformer.expected_basis(mu, s2, lt.basis_mu, lt.basis_sigma)               # (1, H, T, N)
     else:
-        scores = torch.einsum('bhid,bhmd->bhim', queries, read.keys) * model.layers[n].attn.ltm.scale
-        weights = torch.softmax(scores.float(), -1) @ model.long_term.psi_linear                     # (1, H, T, N)
+        scores = torch.einsum('bhid,bhmd->bhim', queries, read.keys) * ltm.scale
+        weights = torch.softmax(scores.float(), -1) @ ltm.psi_points                                 # (1, H, T, N)
     return weights @ memory.ltm_B[n][:, None].float()
 
 
@@ -137,16 +140,15 @@ def infformer_stages(model, depth, n_episodes=16, seed=0, grid=4096):
       read       per head, at the query that predicts digit j: μ and |μ − t*_j| (Eq. 9), σ (Eq. 10), and the
                  cosine of what the density reads in state space, r = Bᵀ E_p[ψ] (Eq. 11 before W^V), with x̃_j
                  against its mean cosine with the other 4 digits' states (above it: the read singles out digit j).
-                 With ltm_read='discrete', μ and σ are the mean and spread of the softmax over the M points, and
-                 r = Σ_m p_m X̄(m/M).
+                 With the probes' ltm_read='discrete', μ and σ are the mean and spread of the softmax over the M
+                 points, and r = Σ_m p_m X̄(m/M).
     The gate is computed over the whole episode (the model gates each write's L vectors: the same but at the
     first and last of them). Episodes whose LTM is still empty at the ASK are left out.
     -> {layer: dict of means} ({} when every episode's LTM was empty: the key is still in the STM)"""
-    import model_infformer as mf
     c, T = model.config, model.config.seg_len
     rng = np.random.default_rng(seed)
     t = torch.linspace(0, 1, grid, dtype=torch.float32)
-    psi = mf.evaluate_basis(t, model.long_term.basis_mu, model.long_term.basis_sigma)          # (grid, N)
+    psi = model_infformer.evaluate_basis(t, model.long_term.basis_mu, model.long_term.basis_sigma)   # (grid, N)
     acc = {}
     for _ in range(n_episodes):
         body, _ = recall.passkey_eval_episode(rng, depth, T)
@@ -232,8 +234,12 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
 
     def go(argv):
+        usage = "usage: python lab/diagnose.py OUT_DIR [--depths=96,384] [--init]"
+        if argv[:1] in (['-h'], ['--help']):
+            print(f"{usage}\n\n{__doc__.strip()}")
+            return
         if not argv or argv[0].startswith('--'):
-            raise common.train.UserError("usage: python lab/diagnose.py OUT_DIR [--depths=96,384] [--init]")
+            raise common.train.UserError(usage)
         out_dir = Path(argv[0])
         depths = [int(d) for a in argv[1:] if a.startswith('--depths=') for d in a.split('=', 1)[1].split(',')]
         ckpt = common.train.load_checkpoint(out_dir / 'ckpt.pt', 'cpu')
@@ -242,7 +248,8 @@ def main(argv=None):
             torch.manual_seed(0)
             model = type(model)(model.config)
         model.eval()
-        if type(model).__module__ == 'model_infini' and '--init' not in argv[1:]:
+        infini = isinstance(model, model_infini.Model)         # the paper's, or a lab/ subclass of it
+        if infini and '--init' not in argv[1:]:
             H = model.config.n_head
             for step, gates in gate_history(out_dir):
                 print(f"step {step}: gates σ(β) " + ' | '.join(' '.join(f'{g:.2f}' for g in gates[i:i + H])
@@ -250,7 +257,7 @@ def main(argv=None):
         if model.config.vocab_size == recall.ASSOC_VOCAB:                  # trained on the assoc task
             for name, losses in assoc_loss_by_kind(model).items():
                 print(f"memory {name}: loss on " + ', '.join(f'{k} {v:.3f}' for k, v in losses.items()))
-            if type(model).__module__ == 'model_infini' and model.config.memory_update == 'linear':
+            if infini and model.config.memory_update == 'linear':
                 for depth in depths or [1]:
                     shares, uniform = assoc_pair_share(model, depth, seed=depth)
                     for n, share in shares.items():
@@ -258,7 +265,7 @@ def main(argv=None):
                         print(f"{depth} segment(s) back, layer {n}: gate σ(β) {gates} | read weight on the asked "
                               f"pair {', '.join(f'{v:.4f}' for v in share)} (one token's uniform share {uniform:.4f})")
             return
-        if type(model).__module__ == 'model_infformer':
+        if isinstance(model, model_infformer.Model):
             for depth in depths or [384]:
                 stages = infformer_stages(model, depth, seed=depth)
                 if not stages:
@@ -271,7 +278,7 @@ def main(argv=None):
                           f"{heads(d['mu'])}, |μ − t*| {heads(d['mu_error'])}, σ {heads(d['sigma'])}, cos own digit "
                           f"{heads(d['read_cos_own'])} vs others {heads(d['read_cos_other'])}")
             return
-        if type(model).__module__ != 'model_infini' or model.config.memory_update != 'linear':
+        if not infini or model.config.memory_update != 'linear':
             raise common.train.UserError("only Infini-attention with memory_update=linear and the ∞-former are "
                                          "decomposed here")
         for depth in depths or [96]:

@@ -33,11 +33,14 @@ def test_diagnose_gate_history_reads_the_logged_gates(tmp_path):
     assert diagnose.gate_history(tmp_path / 'none') == []
 
 
-def test_diagnose_weights_reproduce_the_infini_memory_read():
+@pytest.mark.parametrize('probe', [{}, dict(model='infini_probes', feature_scale=4.0)], ids=['paper', 'probes'])
+def test_diagnose_weights_reproduce_the_infini_memory_read(probe):
     """Σ_j w_j v_j over the tokens in memory, with diagnose's weights, is the model's own A_mem (Eq. 7) for the ASK
-    query, at every layer; the weights are a distribution; the key's share is a number in [0, 1]."""
+    query, at every layer, for the paper's model and for lab/model_infini_probes.py's σ(s x) (feature_scale s);
+    the weights are a distribution; the key's share is a number in [0, 1]."""
     import model_infini
-    model, c = common.build(dict(TINY_VARIANTS['infini_linear'], seg_len=32))
+    model, c = common.build(dict(TINY_VARIANTS['infini_linear'], seg_len=32, **probe))
+    s = probe.get('feature_scale', 1.0)
     model.eval()
     with torch.no_grad():            # keys far from 0, where σ = ELU + 1 is not linear (init keys are ~0.02)
         for layer in model.layers:
@@ -62,7 +65,7 @@ def test_diagnose_weights_reproduce_the_infini_memory_read():
         attn = model.layers[n].attn
         x = attn.layer_norm(h['x']) if attn.pre_lnorm else h['x']
         q = attn.qkv_net(x).view(1, c.seg_len, 3, c.n_head, c.d_head)[0, ask - c.seg_len, 0]      # (H, D)
-        a_mem = model_infini.memory_retrieve(model_infini.sigma(q)[None, :, None], M, z,
+        a_mem = model_infini.memory_retrieve(model_infini.sigma(s * q)[None, :, None], M, z,
                                              torch.ones(1, 1, 1, 1, dtype=torch.bool))[0, :, 0]   # (H, D)
         torch.testing.assert_close((w[..., None] * v).sum(1), a_mem, atol=1e-5, rtol=1e-4)
     shares, contrast, uniform = diagnose.key_share(model, 40, n_episodes=2)
@@ -70,15 +73,18 @@ def test_diagnose_weights_reproduce_the_infini_memory_read():
     assert all(((c >= 1) & (c <= 32)).all() for c in contrast.values())      # max weight / (1/32) of 32 tokens
 
 
-@pytest.mark.parametrize('ltm_read', ['continuous', 'discrete'])
-def test_diagnose_ltm_read_is_the_infformers_own(ltm_read):
+@pytest.mark.parametrize('probe', [dict(model='infformer'), dict(model='infformer_probes', ltm_read='continuous'),
+                                   dict(model='infformer_probes', ltm_read='discrete')],
+                         ids=['paper', 'probes-continuous', 'probes-discrete'])
+def test_diagnose_ltm_read_is_the_infformers_own(probe):
     """The ∞-former's stages: ltm_trace's record of the ASK segment, read as diagnose reads it (ltm_read_states:
-    r = Bᵀ E_p[ψ], or Σ_m p_m X̄(m/M) with the discrete read; then W^V per head), gives the LTM values that
+    r = Bᵀ E_p[ψ], or Σ_m p_m X̄(m/M) with lab/model_infformer_probes.py's discrete read; then W^V per head),
+    for the paper's model and the probes' (its read given by ltm_read), gives the LTM values that
     segment's attention took (Eq. 11, the o_net input), at every layer; the stage means are in range, one per
     head, and {} while the key is in the STM."""
-    model, c = common.build(dict(model='infformer', vocab_size=64, n_layer=2, n_embd=32, n_head=2, d_head=16,
-                                 d_inner=64, seg_len=32, mem_len=32, n_basis=64, n_samples=64, basis_widths='0.01,0.05',
-                                 sigma_sq_min=1e-6, ltm_read=ltm_read))
+    model, c = common.build(dict(vocab_size=64, n_layer=2, n_embd=32, n_head=2, d_head=16, d_inner=64, seg_len=32,
+                                 mem_len=32, n_basis=64, n_samples=64, basis_widths='0.01,0.05', sigma_sq_min=1e-6,
+                                 **probe))
     model.eval()
     body, _ = recall.passkey_eval_episode(np.random.default_rng(0), 100, c.seg_len)   # 4 segments: the LTM is written
     inputs, densities, memory = diagnose.ltm_trace(model, body)
@@ -122,3 +128,30 @@ def test_diagnose_rejects_other_models_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         diagnose.main([])
     assert e.value.code == 2 and 'usage' in capsys.readouterr().err
+    diagnose.main(['--help'])
+    assert 'python lab/diagnose.py OUT_DIR' in capsys.readouterr().out
+
+
+def test_diagnose_reads_checkpoints_of_the_lab_models_as_the_papers(tmp_path, capsys):
+    """A checkpoint of lab/model_infini_probes.py or lab/model_infformer_probes.py (trained by train.py, loaded by
+    its --model name) is decomposed as the paper model it extends; a Transformer-XL is a one-line error."""
+    import train
+    from _train_util import flags
+    from data.tokenizer import bytes_tokenizer
+    from test_longdoc import dataset
+    data = dataset(tmp_path / 'data', bytes_tokenizer())
+    models = {'infini': dict(TINY_MODELS['infini'], model='infini_probes', memory_update='linear', seg_len=32,
+                             feature_scale=2.0),
+              'infformer': dict(TINY_MODELS['infformer'], model='infformer_probes', seg_len=32, mem_len=32,
+                                sticky=False, ltm_read='discrete'),
+              'xl': dict(TINY_MODELS['xl'], model='xl')}
+    for name, model in models.items():
+        train.main(flags(data, tmp_path / name, model, max_iters=1))
+    capsys.readouterr()
+    diagnose.main([str(tmp_path / 'infini'), '--depths=40'])
+    assert 'depth 40 layer 0: gate σ(β)' in capsys.readouterr().out
+    diagnose.main([str(tmp_path / 'infformer'), '--depths=100'])
+    assert 'depth 100 layer 0: gate digits' in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        diagnose.main([str(tmp_path / 'xl')])
+    assert e.value.code == 2 and 'decomposed here' in capsys.readouterr().err
