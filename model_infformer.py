@@ -1,37 +1,28 @@
 """
-∞-former (Martins, Marinho and Martins, 2022, "∞-former: Infinite Memory Transformer", ACL, arXiv 2109.00301),
-in one file: a Transformer-XL (short-term memory, STM: the last `mem_len` hidden states of every layer, relative
-positions) whose attention also reads a continuous long-term memory (LTM) of fixed size, however long the text.
-  §3.1 The LTM of a layer is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1] (Eq. 7): ψ are N Gaussian RBFs and B (N × e,
-       `ltm_B`) is fitted to the vectors it stores by ridge regression (Eq. 5: Bᵀ = XᵀG). Each head reads it with a
-       density N(t; μ, σ²) whose μ (Eq. 9) and σ² (Eq. 10) are affine in its query's scores against the keys B W^K
-       (Eq. 8); the value E_p[V̄(t)] = (B W^V)ᵀ E_p[ψ(t)] is in closed form (Eq. 11). W^O projects the heads into
-       Z_LTM, added to the STM attention's output before the residual: Z = Z_T + Z_LTM (Eq. 12).
-  §3.2 Unbounded memory: the vectors that leave the STM enter the LTM. The old signal is read at M = `n_samples`
-       points squeezed into [0, τ] (Eqs. 13-14), the new vectors go into ]τ, 1] (Eq. 15), and one ridge regression
-       over both gives the new B (Eq. 5 again). B's size never changes.
+∞-former (Martins, Marinho and Martins, 2022, "∞-former: Infinite Memory Transformer", ACL, arXiv 2109.00301): a
+Transformer-XL (short-term memory, STM: each layer's last `mem_len` hidden states) whose attention also reads a
+continuous long-term memory (LTM) of fixed size, however long the text.
+  §3.1 A layer's LTM is a signal X̄(t) = Bᵀψ(t), t ∈ [0, 1] (Eq. 7), ψ N Gaussian RBFs, B (N × e, `ltm_B`) fitted to
+       the stored vectors by ridge regression (Eq. 5: Bᵀ = XᵀG). Each head reads it with a density N(t; μ, σ²), μ
+       (Eq. 9) and σ² (Eq. 10) affine in its query's scores against the keys B W^K (Eq. 8), in closed form:
+       E_p[V̄(t)] = (B W^V)ᵀ E_p[ψ(t)] (Eq. 11). W^O makes Z_LTM, added before the residual: Z = Z_T + Z_LTM (Eq. 12).
+  §3.2 Unbounded memory: vectors that leave the STM enter the LTM; the old signal, read at M = `n_samples` points, is
+       squeezed into [0, τ] (Eqs. 13-14), the new vectors go into ]τ, 1] (Eq. 15), one regression refits B (Eq. 5).
   §3.3 Sticky memories (`sticky=True`): the M points are drawn from a histogram of the attention the previous step
        paid to each bin of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
-  §3.4 A width-3 convolution gates the new vectors before the regression (Eq. 18); a KL term pulls every density's
-       σ² toward σ₀² (Eq. 20), added to the loss with weight `kl_weight` (Eq. 21).
-Equation numbers count the display equations of arXiv v3 (the copy in seeds/000 lost its tags). "The authors' code"
-is github.com/deep-spin/infinite-former: finetune_gpt2/src/transformers/models/gpt2/ (long_term_attention.py,
-modeling_gpt2.py: the language-modelling runs) and sorting/ (a Transformer-XL). tests/test_infformer.py checks each
-piece against a naive reference; ablations outside the paper subclass this file in lab/model_infformer_probes.py.
+  §3.4 A width-3 convolution gates the new vectors (Eq. 18); a KL term pulls every σ² toward σ₀² (Eqs. 20-21).
+Equations: arXiv v3's display equations, numbered; "the authors' code": github.com/deep-spin/infinite-former. Naive
+references: tests/test_infformer.py; ablations outside the paper: lab/model_infformer_probes.py.
 
-Deviations (also in the README), one line each:
+Deviations (also in the README):
   - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.
   - The μ/σ² maps have a bias (the paper's "affine"; the authors' have none): LongTermAttention.affines.
   - The KL pulls σ² alone (the paper's μ₀ = μ; the authors' LM configs also pull μ toward -1): LongTermMemory.kl.
-  - Sticky points are uniform inside their bin (the authors': its left edge), from a counter-based hash in Memory.
-  - Fixed shapes: the vectors that leave the STM wait in Memory.mem and enter the LTM seg_len at a time.
-The hash (rng_seed) makes forward() a pure function of (tokens, memory): resume is exact and generate() ==
-forward() needs no RNG replay. Waiting vectors follow the authors' schedule with segments of seg_len: every write
-uses one precomputed G; with shorter segments (eval_seg_len, generate) they wait until seg_len have left the STM.
+  - Sticky points are uniform in their bin (the authors': its left edge), from a hash of a state in Memory (rng_seed).
+  - Fixed shapes: vectors that leave the STM wait in Memory.mem and enter the LTM seg_len at a time (one G).
 
-Letters: B batch, T tokens of this call, C n_embd (the paper's e), H heads, D d_head, N n_basis, L seg_len,
-M n_samples, S slots of Memory.mem, K keys of the STM attention. The paper's coefficient matrix B is `ltm_B`,
-its STM length L_STM is `mem_len`, and its D histogram bins are `sticky_bins`.
+Letters: B batch, T tokens of this call, C n_embd (the paper's e), H heads, D d_head, N n_basis, L seg_len, M
+n_samples, S slots of Memory.mem, K keys of the STM attention; the paper's B is `ltm_B`, its D bins `sticky_bins`.
 """
 
 import math
@@ -61,7 +52,6 @@ class Config:
     untie_r: bool = True
     init_std: float = 0.02
     use_sdpa: bool = True
-    # long-term memory (LTM)
     ltm: bool = True                 # False: no LTM term (the STM-only comparison; keeps the weights)
     n_basis: int = 150               # N Gaussian RBFs: centres evenly over [0, 1] crossed with the widths
     basis_widths: str = '0.005,0.01'  # σ_j of the RBFs: {0.005, 0.01} for LM, {0.01, 0.05} for sorting
@@ -91,10 +81,9 @@ class Config:
         try:
             self.widths = tuple(float(w) for w in self.basis_widths.split(','))
         except ValueError:
-            raise ValueError(f"basis_widths must be comma-separated floats like '0.005,0.01', "
-                             f"got {self.basis_widths!r}") from None
+            self.widths = (0.0,)
         if not all(w > 0 for w in self.widths):
-            raise ValueError(f"basis_widths must be > 0, got {self.basis_widths!r}")
+            raise ValueError(f"basis_widths must be floats > 0 like '0.005,0.01', got {self.basis_widths!r}")
         if self.n_basis % len(self.widths) or self.n_basis < 2 * len(self.widths):
             raise ValueError(f"n_basis must be a multiple of the number of basis_widths ({len(self.widths)}) and "
                              f"give at least 2 centres, got {self.n_basis}")
@@ -107,9 +96,8 @@ class Config:
 
 @dataclass
 class Memory:
-    """Fixed-shape recurrent state (torch.compile compiles once). S = (2 seg_len - 1) + mem_len slots per layer: the
-    last mem_len are the STM; the ones before hold vectors that have left it, the newest ltm_pending of which have
-    not entered the LTM yet: at the start of a step, a row with ltm_pending >= seg_len writes its oldest seg_len."""
+    """Fixed-shape state. S = (2 seg_len - 1) + mem_len slots per layer: the last mem_len are the STM, the newest
+    ltm_pending before them wait for the LTM (a row with ltm_pending >= seg_len writes its oldest seg_len)."""
     mem: torch.Tensor          # (n_layer, B, S, n_embd) each layer's input hidden states, oldest first
     length: torch.Tensor       # (B,) int64, how many of the S slots (the most recent ones) are valid
     ltm_pending: torch.Tensor  # (B,) int64, how many vectors that left the STM wait for the LTM
@@ -119,8 +107,7 @@ class Memory:
     ltm_rng: torch.Tensor      # (B,) int64, the state of the sticky memories' random numbers
 
 
-# -----------------------------------------------------------------------------------------------------------
-# §3.1 The continuous signal: Gaussian basis functions, the ridge regression (Eq. 5), E_p[ψ] for the read (Eq. 11)
+# --- §3.1 The continuous signal: Gaussian basis functions, the ridge regression (Eq. 5), E_p[ψ] (Eq. 11) -----
 
 
 def gaussian_basis(n_basis, widths):
@@ -130,72 +117,32 @@ def gaussian_basis(n_basis, widths):
     return mu.flatten(), sigma.flatten()
 
 
-def exp_floored_(x):
-    """exp(x) in place. In float32 and bfloat16 exp(x) for x below -87.3 is under the smallest normal number, and
-    CPU kernels take a slow path there (10-30x slower per element); basis functions far from a point give such
-    exponents. They are clamped at -87 first, so they come out as about 1.6e-38 instead of 0 (issue 20)."""
-    if x.dtype in (torch.float32, torch.bfloat16):
-        x = x.clamp_(min=-87.0)
-    return x.exp_()
-
-
 def evaluate_basis(t, basis_mu, basis_sigma):
     """ψ_j(t) = N(t; μ_j, σ_j²) at positions t (...,) -> (..., N)."""
-    standardized = (t[..., None] - basis_mu) / basis_sigma
-    return exp_floored_((standardized * standardized).mul_(-0.5)) / (basis_sigma * math.sqrt(2 * math.pi))
+    return torch.exp(-0.5 * ((t[..., None] - basis_mu) / basis_sigma) ** 2) / (basis_sigma * math.sqrt(2 * math.pi))
 
 
 def expected_basis(mu, sigma_sq, basis_mu, basis_sigma):
-    """E_{N(t; μ, σ²)}[ψ_j(t)] = N(μ; μ_j, σ² + σ_j²), in closed form (the integral of a product of Gaussians,
-    the E_p[ψ(t)] of Eq. 11). mu, sigma_sq: (...,) -> (..., N). Its gradient is written out in ExpectedBasis."""
-    return ExpectedBasis.apply(mu, sigma_sq, basis_mu, basis_sigma)
-
-
-class ExpectedBasis(torch.autograd.Function):
-    """φ_j = N(μ; μ_j, v_j) with d_j = μ - μ_j and v_j = σ² + σ_j²:  φ_j = exp(-d_j² / 2v_j) / √(2π v_j),
-    ∂φ_j/∂μ = -φ_j d_j / v_j,  ∂φ_j/∂σ² = φ_j (d_j² / v_j - 1) / 2v_j.  The values of autograd through the formula
-    (a test checks them) in fewer passes over (B, H, T, N): autograd through the formula saves seven such tensors
-    for backward, this saves three, and runs forward and backward about twice as fast at speed.py's size
-    (bench/README.md, issue 20). The basis (μ_j, σ_j) is fixed: it gets no gradient."""
-
-    @staticmethod
-    def forward(ctx, mu, sigma_sq, basis_mu, basis_sigma):
-        d = mu[..., None] - basis_mu                                   # (..., N)
-        inv_var = (sigma_sq[..., None] + basis_sigma * basis_sigma).reciprocal_()
-        exponent = (d * d).mul_(inv_var).mul_(-0.5)                    # in place: fewer (..., N) buffers
-        phi = (inv_var * (1 / (2 * math.pi))).sqrt_().mul_(exp_floored_(exponent))
-        ctx.save_for_backward(phi, d, inv_var)
-        return phi
-
-    @staticmethod
-    def backward(ctx, grad_phi):
-        phi, d, inv_var = ctx.saved_tensors
-        g = (grad_phi * phi).mul_(inv_var)                             # g_j φ_j / v_j
-        g_d = g * d
-        grad_mu = -g_d.sum(-1)
-        grad_sigma_sq = 0.5 * (g_d.mul_(d).mul_(inv_var).sum(-1) - g.sum(-1))   # Σ_j ½ g_j φ_j (d_j²/v_j - 1)/v_j
-        return grad_mu, grad_sigma_sq, None, None
+    """E_p[ψ(t)] of Eq. 11 in closed form: E_{N(t; μ, σ²)}[ψ_j(t)] = N(μ; μ_j, σ² + σ_j²). (...,), (...,) -> (..., N)"""
+    var = sigma_sq[..., None] + basis_sigma ** 2                                       # (..., N)
+    return torch.exp(-0.5 * (mu[..., None] - basis_mu) ** 2 / var) / torch.sqrt(2 * math.pi * var)
 
 
 def ridge_matrix(positions, basis_mu, basis_sigma, ridge_lambda, pad=True):
-    """Eq. 5: Bᵀ = Xᵀ Fᵀ(F Fᵀ + λI)⁻¹ = XᵀG, F = [ψ(t_1), ψ(t_2), ...] (N × n_pos). Returns G (n_pos, N), float64.
-    pad: as the authors, the regression also sees zero vectors on a grid of spacing 1/n_pos that continues past both
-    ends of [0, 1] up to -0.5 and 1.5, so the fitted signal falls to zero outside [0, 1] instead of flaring up;
-    their rows of G are dropped (their X rows are zero)."""
+    """Eq. 5: Bᵀ = Xᵀ Fᵀ(F Fᵀ + λI)⁻¹ = XᵀG, F = [ψ(t_1), ...] (N × n_pos) -> G (n_pos, N), float64. pad: zeros fitted
+    out to -0.5 and 1.5 (spacing 1/n_pos; their rows dropped), as the authors: the signal is 0 outside [0, 1]."""
     positions = positions.to(torch.float64)
     n_pos = positions.numel()
     n_pad = n_pos // 2 if pad else 0
     steps = torch.arange(1, n_pad + 1, dtype=torch.float64)
     padded = torch.cat([-(steps.flip(0) - 0.5) / n_pos, positions, 1.0 + (steps - 0.5) / n_pos])  # (n_pos + 2 n_pad,)
     F_ = evaluate_basis(padded, basis_mu, basis_sigma).T                                   # (N, n_pos + 2 n_pad)
-    eye = torch.eye(F_.size(0), dtype=torch.float64)
-    G = F_.T @ torch.linalg.inv(F_ @ F_.T + ridge_lambda * eye)                           # (n_pos + 2 n_pad, N)
+    G = F_.T @ torch.linalg.inv(F_ @ F_.T + ridge_lambda * torch.eye(F_.size(0), dtype=torch.float64))   # (.., N)
     return G[n_pad:n_pad + n_pos]
 
 
 def ridge_positions(config):
-    """Eq. 5 positions of one write of L = seg_len vectors: alone, at (i + 1/2)/L in [0, 1]; after the old
-    signal, its M samples at m τ/M in [0, τ] (Eq. 14) and the new vectors at τ + (1 - τ) l/L in ]τ, 1] (Eq. 15)."""
+    """Eq. 5 positions of a write of L vectors: alone (i + 1/2)/L; unbounded, m τ/M (Eq. 14) then τ + (1 - τ) l/L."""
     L, M, tau = config.seg_len, config.n_samples, config.tau
     first = (torch.arange(L, dtype=torch.float64) + 0.5) / L
     unbounded = torch.cat([torch.arange(1, M + 1, dtype=torch.float64) * tau / M,
@@ -203,9 +150,7 @@ def ridge_positions(config):
     return first, unbounded
 
 
-# -----------------------------------------------------------------------------------------------------------
-# The long-term memory: each layer's read by continuous attention (§3.1, LongTermAttention, with the layer's CNN
-# gate), and the write shared by the layers (§3.2-3.4, LongTermMemory: unbounded update, sticky points, KL)
+# --- The LTM: each layer's read (§3.1, LongTermAttention, with its CNN gate) and the write of all (§3.2-3.4) ---
 
 
 class LTMWrite(NamedTuple):
@@ -226,8 +171,7 @@ class LTMRead(NamedTuple):
 
 
 class LongTermAttention(nn.Module):
-    """One layer's read of its LTM (§3.1): each head's Gaussian density over [0, 1] and what it reads there; and
-    the CNN gate of the layer's write (§3.4)."""
+    """One layer's read of its LTM (§3.1), and the CNN gate of its write (§3.4)."""
 
     def __init__(self, config):
         super().__init__()
@@ -243,21 +187,12 @@ class LongTermAttention(nn.Module):
         self.sigma_sq_min = config.sigma_sq_min
 
     def affines(self, config):
-        """The paper's "affine" maps of the N scores to μ (Eq. 9) and σ² (Eq. 10), with a bias; the authors' are
-        Linear(N, 1, bias=False) (long_term_attention.py:117-118). Both start as N(0, 0.02) weights, our bias at 0."""
+        """μ (Eq. 9) and σ² (Eq. 10) affine in the N scores: with a bias (the authors' Linear(N, 1) have none)."""
         return nn.Linear(config.n_basis, 1), nn.Linear(config.n_basis, 1)
 
     def gated(self, x):
-        """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, stride 1, zero padding), smoothing X (B, L, C) before the
-        regression. The convolution runs as one matrix product of the windows [x_{l-1}, x_l, x_{l+1}] with the
-        Conv1d's weights read as (C, 3C): the same values, faster than the CPU conv kernel (bench/README.md)."""
-        if self.gate is None:
-            return x
-        B, L, C = x.shape
-        padded = F.pad(x, (0, 0, 1, 1))                                            # (B, L + 2, C), zero ends
-        windows = torch.cat([padded[:, j:j + L] for j in range(3)], dim=-1)        # (B, L, 3C)
-        weight = self.gate.weight.permute(0, 2, 1).reshape(C, 3 * C)               # (C_out, k * C_in)
-        return torch.sigmoid(F.linear(windows, weight, self.gate.bias)) * x
+        """Eq. 18: X̃ = sigmoid(Conv1d(X)) ⊙ X (width 3, zero padding), smoothing X (B, L, C) before the regression."""
+        return x if self.gate is None else torch.sigmoid(self.gate(x.transpose(1, 2))).transpose(1, 2) * x
 
     def keys_values(self, ltm_B):
         """Eq. 8: the keys ltm_B W^K and values ltm_B W^V of ltm_B (B, N, C) -> each (B, H, N, D)."""
@@ -267,18 +202,13 @@ class LongTermAttention(nn.Module):
         return k, v
 
     def density(self, scores, read):
-        """Eqs. 9-10: each query's N(t; μ, σ²) from its scores (B, H, T, N): μ = sigmoid(affine(scores)), σ² =
-        softplus(affine(scores)) >= sigma_sq_min (1e-4 in the authors' LM code, long_term_attention.py:332; 1e-6 in
-        their sorting code). In float32 at least, not bf16. -> μ, σ² each (B, H, T)"""
+        """Eqs. 9-10 from scores (B, H, T, N), in float32 at least; σ² >= sigma_sq_min. -> μ, σ² each (B, H, T)"""
         f32 = torch.promote_types(scores.dtype, torch.float32)
-        weight = torch.cat([self.mu_affine.weight, self.sigma_affine.weight])     # (2, N): both maps in one pass
-        bias = torch.cat([self.mu_affine.bias, self.sigma_affine.bias])
-        mu_in, sigma_in = F.linear(scores, weight, bias).to(f32).unbind(-1)      # (B, H, T) each
-        return torch.sigmoid(mu_in), F.softplus(sigma_in).clamp(min=self.sigma_sq_min)
+        mu = torch.sigmoid(self.mu_affine(scores).squeeze(-1).to(f32))                                      # Eq. 9
+        return mu, F.softplus(self.sigma_affine(scores).squeeze(-1).to(f32)).clamp(min=self.sigma_sq_min)  # Eq. 10
 
     def attend(self, q, read):
-        """Each head's read: its scores against the keys (Eq. 8), its density (Eqs. 9-10) and the value under it,
-        z = (B W^V)ᵀ E_p[ψ(t)] (Eq. 11). q: (B, H, T, D). -> z (B, H, T, D), μ, σ² each (B, H, T)"""
+        """Each head's read z = (B W^V)ᵀ E_p[ψ(t)] (Eq. 11). q: (B, H, T, D) -> z (B, H, T, D), μ, σ² (B, H, T)"""
         scores = torch.einsum('bhid,bhnd->bhin', q, read.keys) * self.scale        # (B, H, T, N)  keys q / √d
         mu, sigma_sq = self.density(scores, read)
         expected_psi = expected_basis(mu, sigma_sq, read.basis_mu, read.basis_sigma)   # (B, H, T, N)  E_p[ψ(t)]
@@ -292,21 +222,18 @@ class LongTermAttention(nn.Module):
         return self.o_net(z.transpose(1, 2).reshape(B, T, H * D)), mu, sigma_sq   # Z_LTM = [z_1 .. z_H] W^O
 
     def flops_per_token(self, config):
-        """The read's training FLOPs per token, counted as Model.flops_per_token: q·keys and the ψ-weighted values
-        over the N basis functions (Eq. 11), the μ and σ² affines once per head (Eqs. 9-10), W^O; and per segment
-        the keys and values of the new ltm_B (Eq. 8; with the gate, their input's gradient too)."""
-        c = config
-        HD, N = c.n_head * c.d_head, c.n_basis
-        read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * c.n_embd)
+        """The read's FLOPs per token; per segment the new ltm_B's keys and values (Eq. 8; with the gate, their input's
+        gradient too)."""
+        c, HD, N = config, config.n_head * config.d_head, config.n_basis
+        read = 6 * (2 * HD * N + 2 * c.n_head * N + HD * c.n_embd)              # q·keys, values, μ/σ² affines, W^O
         return read + (6 if c.cnn_gate else 4) * N * c.n_embd * 2 * HD / c.seg_len
 
 
-# §3.3 Sticky memories: the attention histogram, and points drawn from it with counter-based random numbers
+# --- §3.3 Sticky memories: the attention histogram, and points drawn from it with counter-based random numbers
 
 
 def attention_histogram(mu, sigma_sq, n_bins):
-    """Eqs. 16-17: the Gaussian mass ∫_{d_j} N(t; μ, σ²) dt that the densities (B, H, T) put in each of n_bins
-    equal bins d_j of [0, 1] (Normal CDF differences), summed over heads and queries. -> (B, n_bins), unnormalised."""
+    """Eqs. 16-17: the mass N(μ, σ²) (B, H, T) puts in each of n_bins bins of [0, 1], summed. -> (B, n_bins)"""
     edges = torch.linspace(0.0, 1.0, n_bins + 1, device=mu.device, dtype=mu.dtype)
     scale = (2 * sigma_sq).rsqrt()[..., None]
     erf = torch.erf(torch.addcmul(-mu[..., None] * scale, edges, scale))  # (B, H, T, n_bins+1) 2 Φ(edge) - 1
@@ -317,15 +244,13 @@ RNG_PRIME = 2 ** 31 - 1
 
 
 def rng_seed(batch_size, device):
-    """Per-row states of the sticky memories' random numbers, from torch.initial_seed() (train.py seeds it with
-    --seed + rank) and the row index. -> (B,) int64"""
+    """Per-row states (B,) int64 of the sticky memories' random numbers, from torch.initial_seed() (train.py's --seed
+    + rank) and the row: a hash of state in Memory, not a Generator, keeps forward() a function of (tokens, memory)."""
     return (torch.initial_seed() % RNG_PRIME) * 1_000_003 + torch.arange(batch_size, device=device) * 2 ** 20
 
 
 def counter_uniforms(state, count):
-    """count uniforms in [0, 1) per row, a pure function of the row's state (B,) int64: a counter-based hash
-    (multiply mod the prime 2^31 - 1 and xor-shift, three rounds; products stay below 2^62, so no int64 overflow on
-    any device). -> (B, count) float32"""
+    """count uniforms in [0, 1) per row of state (B,) int64: multiply mod 2^31 - 1 and xor-shift (no int64 overflow)."""
     x = (state[:, None] % RNG_PRIME + 1) * 7919 + torch.arange(1, count + 1, device=state.device) * 104729
     for a in (48271, 69621, 16807):
         x = (x % RNG_PRIME) * a % RNG_PRIME
@@ -334,9 +259,7 @@ def counter_uniforms(state, count):
 
 
 def sample_sticky_points(hist, uniforms):
-    """§3.3: points of [0, 1] drawn from the piecewise-constant density of the histogram hist (B, n_bins), one per
-    uniform in uniforms (B, count): inverse-CDF sampling of the sorted uniforms, so a bin is picked with probability
-    hist_j / Σ hist, the point is uniform inside it, and the points come out sorted. -> (B, count)"""
+    """§3.3: sorted points of [0, 1], bin j with probability hist_j / Σ hist (B, n_bins), uniform inside it."""
     B, n_bins = hist.shape
     p = hist / hist.sum(-1, keepdim=True)                                  # (B, n_bins) p(d_j), Eq. 16
     cdf = torch.cat([p.new_zeros(B, 1), p.cumsum(-1)], dim=-1)              # (B, n_bins+1)
@@ -347,10 +270,7 @@ def sample_sticky_points(hist, uniforms):
 
 
 class LongTermMemory(nn.Module):
-    """The LTM's fixed parts and its write, for every layer: the basis ψ, the ridge regression matrices G (Eq. 5),
-    the unbounded update (§3.2) with linearly spaced or sticky (§3.3) samples of the old signal, its state in Memory
-    (the ltm_* fields), and the KL regulariser (§3.4). No parameters (each layer's live in its LongTermAttention);
-    the buffers are computed once in float64 and not saved."""
+    """Every layer's LTM write: ψ and G (Eq. 5; float64, not saved), the update (§3.2-3.3), Memory's ltm_*, the KL."""
 
     def __init__(self, config):
         super().__init__()
@@ -358,10 +278,9 @@ class LongTermMemory(nn.Module):
         basis_mu, basis_sigma = gaussian_basis(config.n_basis, config.widths)
         t_first, t_unbounded = ridge_positions(config)
         t_linear = torch.arange(1, config.n_samples + 1, dtype=torch.float64) / config.n_samples
-        lam = config.ridge_lambda
         for name, value in (('basis_mu', basis_mu), ('basis_sigma', basis_sigma),
-                            ('G_first', ridge_matrix(t_first, basis_mu, basis_sigma, lam)),           # (L, N)
-                            ('G_unbounded', ridge_matrix(t_unbounded, basis_mu, basis_sigma, lam)),   # (M+L, N)
+                            ('G_first', ridge_matrix(t_first, basis_mu, basis_sigma, config.ridge_lambda)),   # (L, N)
+                            ('G_unbounded', ridge_matrix(t_unbounded, basis_mu, basis_sigma, config.ridge_lambda)),
                             ('psi_linear', evaluate_basis(t_linear, basis_mu, basis_sigma))):         # ψ(m/M) (M, N)
             self.register_buffer(name, value.float(), persistent=False)
 
@@ -374,9 +293,7 @@ class LongTermMemory(nn.Module):
                     ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins), ltm_rng=rng_seed(batch_size, device))
 
     def next_state(self, memory, start, densities, left):
-        """The ltm_* fields after a segment, detached (SG). start: the segment's SegmentStart (the LTM it wrote);
-        densities: n_layer lists of the segment's (μ, σ²), in the pieces generate() fed it; left: (B,) how many
-        valid vectors left the STM in the segment (they now wait)."""
+        """The ltm_* fields after a segment (SG); densities: n_layer lists of (μ, σ²) pieces; left: (B,) now waiting."""
         c = self.config
         hist = memory.ltm_hist
         if c.ltm and c.sticky:                   # Eq. 16: p(d_j) ∝ the mass the segment's attention put in bin d_j
@@ -385,16 +302,12 @@ class LongTermMemory(nn.Module):
                                     for pieces in densities])                          # (n_layer, B, n_bins)
             hist = hist / hist.sum(-1, keepdim=True)
         wrote = start.write.rows.long()
-        return dict(ltm_pending=memory.ltm_pending - c.seg_len * wrote + left,
+        return dict(ltm_pending=memory.ltm_pending - c.seg_len * wrote + left, ltm_written=start.write.written,
                     ltm_B=torch.stack(start.ltm_B).to(memory.ltm_B.dtype).detach().contiguous(),
-                    ltm_written=start.write.written,
-                    ltm_hist=hist.to(memory.ltm_hist.dtype).detach().contiguous(),
-                    ltm_rng=memory.ltm_rng + wrote)
+                    ltm_hist=hist.to(memory.ltm_hist.dtype).detach().contiguous(), ltm_rng=memory.ltm_rng + wrote)
 
     def begin_segment(self, memory, attentions):
-        """This step's write (§3.2) for every layer, and what each layer's attention then reads. attentions: the
-        layers' LongTermAttention (for the gate and W^K, W^V).
-        -> (n_layer ltm_B (B, N, C) after the write, n_layer LTMRead or None without the LTM, LTMWrite)"""
+        """This step's write (§3.2) -> (n_layer ltm_B (B, N, C), n_layer LTMRead (None: no LTM), LTMWrite)"""
         due = self.due(memory)
         if not self.config.ltm:                        # the waiting vectors are dropped, the LTM stays as it was
             return list(memory.ltm_B), [None] * len(attentions), due._replace(written=memory.ltm_written)
@@ -404,22 +317,17 @@ class LongTermMemory(nn.Module):
         return ltm_B, read, due
 
     def due(self, memory):
-        """The rows that write now (§3.2): those with at least L = seg_len vectors waiting. With ltm_reset_len, a row
-        whose LTM holds that many vectors is emptied first, as the authors' mem_threshold. -> LTMWrite"""
+        """The rows with L = seg_len vectors waiting write now (§3.2), emptied first if ltm_reset_len says so."""
         c = self.config
         L, n_wait = c.seg_len, 2 * c.seg_len - 1                                       # n_wait waiting slots
         rows = memory.ltm_pending >= L
         slots = (n_wait - memory.ltm_pending).clamp(max=n_wait - L)[:, None] + torch.arange(L, device=rows.device)
-        grow = memory.ltm_written > 0
-        if c.ltm_reset_len:
-            grow = grow & (memory.ltm_written < c.ltm_reset_len)
+        grow = (memory.ltm_written > 0) & ((memory.ltm_written < c.ltm_reset_len) if c.ltm_reset_len else True)
         return LTMWrite(rows, slots, grow, torch.where(rows, memory.ltm_written * grow + L, memory.ltm_written))
 
     def write(self, n, memory, due, gated):
-        """Layer n's LTM after the write: ltm_B of [old signal at M points ; the gated new vectors] (Eqs. 14-15, 5),
-        or of the gated new vectors alone when the row's LTM is empty (or emptied) or `unbounded` is off (Eq. 5);
-        rows that do not write keep their ltm_B. gated: the layer's CNN gate (Eq. 18). The gate's gradient flows
-        through the new ltm_B into this step's attention; the old ltm_B is detached. -> (B, N, C)"""
+        """Layer n's ltm_B after the write (B, N, C): of [old signal at M points ; X̃] (Eqs. 14-15, 5), or of X̃ alone
+        (empty LTM, or not `unbounded`). gated: the CNN gate (Eq. 18); the old ltm_B is detached."""
         c = self.config
         dtype = torch.promote_types(self.G_first.dtype, torch.float32)
         ltm_B = memory.ltm_B[n].to(dtype)                                              # (B, N, C)
@@ -434,47 +342,34 @@ class LongTermMemory(nn.Module):
         return torch.where(due.rows[:, None, None], new_ltm_B, ltm_B)                  # (B, N, C)
 
     def past_samples(self, n, memory, ltm_B):
-        """X_past of layer n (Eq. 14): its signal ltm_B (B, N, C) at M points, linearly spaced m/M or, with sticky
-        memories (§3.3), drawn from the last step's attention histogram with this layer's random numbers; they are
-        placed at m τ/M by G_unbounded (Eq. 13). -> (B, M, C)"""
+        """X_past (Eq. 14): ltm_B (B, N, C) at M points m/M or drawn from the histogram (§3.3). -> (B, M, C)"""
         c = self.config
+        psi = self.psi_linear.expand(ltm_B.size(0), -1, -1)                            # (B, M, N) ψ(m/M)
         if c.sticky:
             uniforms = counter_uniforms(memory.ltm_rng * c.n_layer + n, c.n_samples)    # (B, M)
             t = sample_sticky_points(memory.ltm_hist[n].to(ltm_B.dtype) + 1e-12, uniforms)   # (B, M)
             psi = evaluate_basis(t, self.basis_mu, self.basis_sigma)                   # (B, M, N)
-        else:
-            psi = self.psi_linear.expand(ltm_B.size(0), -1, -1)                        # (B, M, N) ψ(m/M)
         return psi @ ltm_B                                                             # x_m = Bᵀψ(t_m)
 
     def flops_per_token(self):
-        """One layer's write FLOPs per token in a step that writes (every step once the LTM is full), counted as
-        Model.flops_per_token, per segment: the CNN gate over the seg_len new vectors (Eq. 18; the weights' gradient
-        alone, the vectors are detached) and the regression (Eqs. 5, 14-15; backward to X̃ only through the gate)."""
+        """The write's FLOPs per token: the regression (Eqs. 5, 14-15), with the gate its weights' gradient and X̃'s."""
         c = self.config
         T, C, N = c.seg_len, c.n_embd, c.n_basis
-        past = c.n_samples if c.unbounded else 0                  # X_past (Eq. 14)
-        grown = past + T if c.unbounded else 0                    # [X_past ; X̃] (Eq. 15)
-        regression = 2 * (T + past + grown) * N * C               # forward
-        gate = 0
-        if c.cnn_gate:
-            gate = 4 * 3 * C * C * T
-            regression += 2 * (T + (T if c.unbounded else 0)) * N * C   # backward to X̃ (of G_firstᵀX̃, G_newᵀX̃)
-        return (gate + regression) / T
+        past, grown = (c.n_samples, c.n_samples + T) if c.unbounded else (0, 0)    # X_past, [X_past ; X̃] (Eq. 15)
+        flops = 2 * (T + past + grown) * N * C                                     # G_firstᵀX̃, G_pastᵀX_past, ...
+        if c.cnn_gate:                                  # Eq. 18 on detached vectors; G_firstᵀX̃ and G_newᵀX̃ backward
+            flops += 4 * 3 * C * C * T + 2 * (T + (T if c.unbounded else 0)) * N * C
+        return flops / T
 
     def kl(self, densities, written):
-        """Eq. 20: KL(N(μ, σ²) ‖ N(μ, σ₀²)) = ½(σ²/σ₀² − log(σ²/σ₀²) − 1), averaged over heads and queries and
-        summed over layers, as the authors' code (modeling_gpt2.py:870-874 sums the layers, trainer.py:1558 averages
-        the rest; the paper sums over positions and heads), over the rows whose LTM holds something.
-        densities: n_layer (μ, σ²), each (B, H, T). Only σ² is pulled, as the paper says (μ₀ = μ_h): the authors'
-        LM configs set mu_0 = -1, which long_term_attention.py:345-351 turns into an extra (μ − μ₀)²/σ₀² term."""
+        """Eq. 20: ½(σ²/σ₀² − log(σ²/σ₀²) − 1), meaned over heads, queries and written rows, summed over layers."""
         s0 = self.config.sigma_0 ** 2
         kl = sum(0.5 * (s2 / s0 - torch.log(s2 / s0) - 1).mean(dim=(1, 2)) for _, s2 in densities)   # (B,)
         w = (written > 0).to(kl.dtype)
         return (kl * w).sum() / w.sum().clamp(min=1)
 
 
-# -----------------------------------------------------------------------------------------------------------
-# The Transformer-XL around the LTM: model_xl.py's blocks (copied), its attention with Z_LTM added, the model
+# --- The Transformer-XL around the LTM: model_xl.py's blocks (copied), its attention with Z_LTM added, the model
 
 
 # Copied from model_xl.py (PositionwiseFF)
@@ -540,8 +435,7 @@ def rel_shift(x):
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
 
 
-# Copied from model_xl.py (Model._attn_mask) with the method->causal_mask, same_length and its mem_len argument
-# removed: Config has no same_length (every query sees the whole STM and the segment up to itself)
+# Copied from model_xl.py (Model._attn_mask) with the method->causal_mask, same_length (not in Config) removed
 def causal_mask(key_valid, T):
     """key_valid: (B, K) bool, the last T keys being the queries themselves; causal. -> (B, 1, T, K)"""
     K = key_valid.size(1)
@@ -550,8 +444,7 @@ def causal_mask(key_valid, T):
     return ((K - T + i - j >= 0)[None] & key_valid[:, None, :])[:, None]
 
 
-# Copied from model_xl.py (RelMultiHeadAttn) with RelMultiHeadAttn->RelMultiHeadAttnLTM, the LTM attention (ltm, of
-# the class long_term_attention) added, and forward(..., attn_mask) -> forward(..., attn_mask, ltm), adding Z_LTM
+# Copied from model_xl.py (RelMultiHeadAttn) with ->RelMultiHeadAttnLTM, its LTM attention (ltm) and Z_LTM added
 class RelMultiHeadAttnLTM(nn.Module):
     """model_xl.py's relative multi-head attention over [STM ; segment], plus Z_LTM before the residual (Eq. 12)."""
 
@@ -588,9 +481,7 @@ class RelMultiHeadAttnLTM(nn.Module):
         return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, ltm):
-        """As model_xl.py's RelMultiHeadAttn (r: R (K, C) or W_{k,R} R (H, K, D)); ltm: LTMRead, or None without an
-        LTM. Returns the output, the keys/values of all K positions, and the LTM densities (μ, σ²) each (B, H, T)
-        (None without an LTM)."""
+        """As model_xl.py's, plus ltm: LTMRead or None. -> output, keys/values (B, H, K, D), (μ, σ²) or None"""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -614,16 +505,14 @@ class RelMultiHeadAttnLTM(nn.Module):
 
         density = None
         if ltm is not None:                                       # masked until the row's LTM holds something
-            z_ltm, mu, sigma_sq = self.ltm(q, ltm)
+            z_ltm, *density = self.ltm(q, ltm)                    # Z_LTM and (μ, σ²)
             attn_out = attn_out + z_ltm * ltm.written[:, None, None].to(z_ltm.dtype)   # Z = Z_T + Z_LTM (Eq. 12)
-            density = (mu, sigma_sq)
         attn_out = self.drop(attn_out)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
         return out, (k, v), density
 
 
-# Copied from model_xl.py (Block) with RelMultiHeadAttn->RelMultiHeadAttnLTM, its LTM attention's class and the LTM
-# read (ltm) passed through
+# Copied from model_xl.py (Block) with RelMultiHeadAttn->RelMultiHeadAttnLTM and the LTM (its class, ltm) passed
 class Block(nn.Module):
     def __init__(self, config, long_term_attention):
         super().__init__()
@@ -646,8 +535,7 @@ class SegmentStart(NamedTuple):
 
 @dataclass
 class OpenSegment:
-    """generate()'s segment from its first token until decode() closes it and it becomes the memory (forward()
-    takes a whole segment in one call). The lists hold one entry per layer; t tokens so far, in pieces of t_i."""
+    """generate()'s segment until decode() closes it; the lists hold one entry per layer; t tokens in pieces t_i."""
     start: SegmentStart      # what the segment's positions share: the STM's keys and the LTM after its write
     key_valid: torch.Tensor  # (B, mem_len + t) bool over [STM ; tokens]
     kv: list                 # (k, v) each (B, H, mem_len + t, D): the cached keys and values of [STM ; tokens]
@@ -692,8 +580,6 @@ class Model(nn.Module):
             nn.init.normal_(module.weight, 1.0, std)
             nn.init.zeros_(module.bias)
 
-    # --- memory -------------------------------------------------------------------------------------------
-
     def init_memory(self, batch_size, device, mem_len=None):
         """Empty memory for batch_size fresh streams; mem_len overrides config.mem_len (the STM) at eval."""
         c = self.config
@@ -719,8 +605,7 @@ class Model(nn.Module):
         return SegmentStart(stm_kv, valid[:, n_wait:], *ltm)
 
     def _update_memory(self, memory, start, hids, densities):
-        """The STM keeps the last mem_len positions of [old ; this segment's layer inputs] (detached, SG); the valid
-        positions pushed out of it join the vectors waiting for the LTM. hids: n_layer (B, T, C)."""
+        """The STM keeps the last mem_len of [old ; hids (n_layer (B, T, C))] (SG); the valid ones pushed out wait."""
         S, T = memory.mem.size(2), hids[0].size(1)
         mem_len = S - (2 * self.config.seg_len - 1)
         new = torch.stack([h.detach() for h in hids]).to(memory.mem.dtype)             # (n_layer, B, T, C)
@@ -728,8 +613,6 @@ class Model(nn.Module):
         left = (memory.length.clamp(max=mem_len) + T - mem_len).clamp(min=0)           # (B,) valid, left the STM
         return Memory(mem=mem, length=(memory.length + T).clamp(max=S),
                       **self.long_term.next_state(memory, start, densities, left))
-
-    # --- attention geometry, shared by forward and generate (as model_xl.py) --------------------------------
 
     # Copied from model_xl.py (Model._relative_positions)
     def _relative_positions(self, K, device):
@@ -743,8 +626,6 @@ class Model(nn.Module):
     def _u_v(self, i):
         n = i if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
-
-    # --- forward ------------------------------------------------------------------------------------------
 
     def forward(self, idx, memory, targets=None):
         """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux)."""
@@ -777,20 +658,16 @@ class Model(nn.Module):
                 loss = loss + c.kl_weight * kl
         return logits, loss, new_memory, aux
 
-    # --- bookkeeping for train.py -------------------------------------------------------------------------
-
     # Copied from model_xl.py (Model.num_params)
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU, as autograd computes them with the memory detached
-        (6 FLOPs a multiply-add with both gradients, 4 with the weight's alone): model_xl.py's count for the STM (its
-        docstring), plus the LTM's write and read (LongTermMemory's and LongTermAttention's flops_per_token)."""
+        """Training FLOPs per token for MFU (6 a multiply-add with both gradients, 4 with the weight's alone; memory
+        detached): model_xl.py's count for the STM, plus the LTM's write and read (their flops_per_token)."""
         c = self.config
-        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but the
-                       if name.endswith('weight') and p.dim() > 1           # LTM's (biases, norms, u and v take
-                       and '.ltm.' not in name)                             # none)
+        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products (biases,
+                       if name.endswith('weight') and p.dim() > 1 and '.ltm.' not in name)   # ...: none) but the LTM's
         mem_len = c.mem_len if mem_len is None else mem_len
         T, K, C, HD, L = c.seg_len, mem_len + c.seg_len, c.n_embd, c.n_head * c.d_head, c.n_layer
         stm = 6 * 3 * L * HD * K + 4 * L * mem_len * C * 2 * HD / T       # attention; [SG(m)]'s keys and values
@@ -798,13 +675,9 @@ class Model(nn.Module):
         ltm = self.long_term.flops_per_token() + self.layers[0].attn.ltm.flops_per_token(c)   # a layer's LTM
         return flops + (L * ltm if c.ltm else 0)
 
-    # --- generation ---------------------------------------------------------------------------------------
-
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional) holds what came before idx. A segment
-        starts as in forward() (the LTM write); each new token then costs one position's work against the cached
-        keys (OpenSegment); when decode() closes the segment it updates the memory as forward() would."""
+        """Continue idx (B, T0) after memory; a segment opens as forward() does, and its close updates the memory."""
         B = idx.size(0)
         if memory is None:
             memory = self.init_memory(B, idx.device)

@@ -92,8 +92,8 @@ def test_expected_basis_equals_numerical_integration():
 
 
 def test_expected_basis_gradient_equals_autograd_through_the_formula():
-    """ExpectedBasis writes out ∂φ/∂μ and ∂φ/∂σ²; autograd through N(μ; μ_j, σ² + σ_j²) written naively must
-    give the same values and the same gradients, for (B, H, T) densities and a random upstream gradient."""
+    """E_p[ψ]'s values and gradients (∂φ/∂μ, ∂φ/∂σ²) equal those of N(μ; μ_j, σ² + σ_j²) written naively, for
+    (B, H, T) densities and a random upstream gradient, and finite differences (gradcheck)."""
     g = torch.Generator().manual_seed(0)
     basis_mu, basis_sigma = gaussian_basis(12, (0.01, 0.05, 0.2))
     mu = torch.rand(2, 3, 5, generator=g, dtype=F64).requires_grad_()
@@ -111,9 +111,9 @@ def test_expected_basis_gradient_equals_autograd_through_the_formula():
 
 
 def test_basis_in_float32_equals_float64_where_exp_underflows():
-    """ψ(t) and E_p[ψ] far from every centre (exponents down to about -1e6, where float32's exp underflows and is
-    clamped, see exp_floored_) equal float64 on the same inputs to float32 precision; where float32 underflows, off
-    by at most float32's smallest normal number times the normaliser 1/√(2π v) (≤ 200 here): below 1e-35."""
+    """ψ(t) and E_p[ψ] far from every centre (exponents down to about -1e6, where float32's exp underflows) equal
+    float64 on the same inputs to float32 precision; where float32 underflows, off by at most float32's smallest
+    normal number times the normaliser 1/√(2π v) (≤ 200 here): below 1e-35."""
     g = torch.Generator().manual_seed(0)
     basis_mu, basis_sigma = (b.float() for b in gaussian_basis(64, (0.002, 0.01)))
     t = torch.rand(1000, generator=g)
@@ -121,7 +121,7 @@ def test_basis_in_float32_equals_float64_where_exp_underflows():
     for f, args in ((evaluate_basis, (t,)), (expected_basis, (t, sigma_sq))):
         single = f(*args, basis_mu, basis_sigma)
         exact = f(*(a.double() for a in args), basis_mu.double(), basis_sigma.double())
-        assert (exact < 1e-38).float().mean() > 0.3                     # many entries are in the clamped range
+        assert (exact < 1e-38).float().mean() > 0.3                     # many entries are in the underflow range
         torch.testing.assert_close(single.double(), exact, rtol=1e-4, atol=1e-35)
 
 
