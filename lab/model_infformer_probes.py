@@ -67,8 +67,8 @@ class Config(paper.Config):
 
 class LongTermAttention(paper.LongTermAttention):
     """model_infformer.py's LTM read with the probes: mu_readout and sigma_sq_anneal change density(), ltm_read=
-    'discrete' changes keys_values() and attend(). The modules are made in the paper's order (affines() leaves out
-    the maps a probe does not use), so a seed gives the same weights as model_infformer.py's."""
+    'discrete' changes keys_values() and attend(). affines() leaves out the maps a probe does not use, in the paper's
+    order, so a seed gives the weights the probes' recorded runs started from (with no probe on: the paper's)."""
 
     def __init__(self, config):
         super().__init__(config)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 import model_infformer as paper
 import train
-from _model_tests import F64, V, assert_bf16_forward_backward, assert_greedy_generate_matches_forward, run_segments, tokens
+from _model_tests import (F64, V, assert_bf16_forward_backward, assert_greedy_generate_matches_forward, run_segments,
+                          tokens)
 from lab import model_infformer_probes as probes
 from lab.model_infformer_probes import Config, Model
 from model_infformer import evaluate_basis, gaussian_basis
