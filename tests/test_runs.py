@@ -285,7 +285,8 @@ def test_a_full_disk_at_save_time_keeps_the_previous_checkpoint(data_dir, tmp_pa
     monkeypatch.setattr(torch, 'save', full_disk)
     code, _, err = run_main(flags(data_dir, out_dir, init_from='resume', max_iters=4), capsys)
     assert code == 2
-    assert_one_line_error(err.splitlines()[-1], 'cannot write', 'ckpt.pt', 'GiB free', 'previous checkpoint there is kept')
+    assert_one_line_error(err.splitlines()[-1], 'cannot write', 'ckpt.pt', 'GiB free',
+                          'previous checkpoint there is kept')
     assert (out_dir / 'ckpt.pt').read_bytes() == before and not list(out_dir.glob('*.tmp'))
 
 
