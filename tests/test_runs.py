@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,13 +257,15 @@ def test_sigint_under_torchrun_saves_once(data_dir, tmp_path):
 # The out_dir before the first step, the disk at save time
 
 
-@pytest.mark.parametrize('case', ['file', 'under-a-file', 'read-only'])
+@pytest.mark.parametrize('case', ['file', 'under-a-file', 'read-only', 'proc'])
 def test_an_unusable_out_dir_is_one_line_before_training(case, data_dir, tmp_path, capsys):
     if case == 'read-only' and os.geteuid() == 0:
         pytest.skip('root may write anywhere')
+    if case == 'proc' and not os.path.isdir('/proc/self'):
+        pytest.skip('no /proc')
     (tmp_path / 'a_file').write_text('x')
     out_dir = {'file': tmp_path / 'a_file', 'under-a-file': tmp_path / 'a_file' / 'out',
-               'read-only': tmp_path / 'ro'}[case]
+               'read-only': tmp_path / 'ro', 'proc': Path('/proc/self')}[case]     # a directory no one may write in
     if case == 'read-only':
         out_dir.mkdir(mode=0o555)
     code, out, err = run_main(flags(data_dir, out_dir), capsys)
