@@ -2,10 +2,10 @@
 Compressive Transformer (Rae, Potapenko, Jayakumar, Lillicrap, ICLR 2020, "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv 1911.05507), in one file.
 
-Transformer-XL (model_xl.py) forgets a hidden state once it leaves its memory. The Compressive Transformer keeps
-it in a second, coarser memory: per layer, m is the FIFO memory of the last n_m = `mem_len` layer inputs (exactly
-Transformer-XL's) and cm the compressed memory of n_cm = `cmem_len` slots. The segment attends to [cm ; m ; h]
-with Transformer-XL's relative attention: n_cm + n_m keys reach c·n_cm + n_m positions back (§3.3).
+Transformer-XL (model_xl.py) forgets a hidden state once it leaves its memory; the Compressive Transformer keeps it
+in a second, coarser one. Per layer, m holds the last n_m = `mem_len` layer inputs (Transformer-XL's memory) and cm
+n_cm = `cmem_len` compressed slots; the segment attends to [cm ; m ; h] with Transformer-XL's relative attention:
+n_cm + n_m keys reach c·n_cm + n_m positions back (§3.3). cmem_len = 0 is model_xl.py exactly (tested).
 
 Algorithm 1 (per layer i, segment h of n_s = `seg_len` tokens; its lines are cited in the code):
     mem     = concat(cm_t, m_t)                          line 5
@@ -18,17 +18,19 @@ f_c (§3.2, `compression`): max_pool, mean_pool, conv (kernel = stride = c), dil
 from a local loss (§3.2, `recon_loss`): `attention` (Algorithm 2), `autoencoding`, or `none` (then from the LM
 loss through time, see Model.forward). Worked example of the memory update: the "Algorithm 1" section below.
 
-Fixed shapes (torch.compile compiles once): m and cm are right-aligned tensors of n_m and n_cm slots with a
-valid-slot count per row. seg_len and mem_len must be multiples of c (every paper setting is), so every full
-segment evicts whole groups of c. A shorter segment, or an evaluation mem_len that is not a multiple of c,
-compresses ⌊n/c⌋ groups of the n states it evicts and forgets the oldest n mod c (f_c maps n memories to ⌊n/c⌋).
-cmem_len = 0 is Transformer-XL exactly (tested against model_xl.py).
+Fixed shapes (torch.compile compiles once): m and cm are right-aligned with a valid-slot count per row. seg_len and
+mem_len are multiples of c (as every paper setting), so a full segment evicts whole groups of c; otherwise f_c
+compresses ⌊n/c⌋ groups of the n states evicted and the oldest n mod c are forgotten.
 
-Deliberate deviations (also in the README): as model_xl.py (BPE tokens, full tied softmax, pre_lnorm's final
-LayerNorm, valid-slot counts: a memory still filling up evicts nothing); our dilated_conv (see Compression);
-most_used ranks by average attention (mass received, mean over heads, divided by the queries that saw the slot)
-and always runs the manual attention; Algorithm 2's attn() uses the 1/sqrt(d_head) scale; the losses are mean
-squared errors summed over layers.
+Deliberate deviations (also in the README):
+  - As model_xl.py: BPE tokens, a full tied softmax, pre_lnorm's final LayerNorm, valid-slot counts.
+  - A memory still filling up evicts nothing: nothing is compressed until m is full.
+  - dilated_conv is ours (the paper gives no details): see Compression.
+  - most_used ranks by average attention (mass received, mean over heads, per query that saw the slot).
+  - Algorithm 2's attn() uses the 1/sqrt(d_head) scale; the losses are mean squared errors summed over layers.
+
+Letters: B rows, T segment tokens (n_s), S = n_cm + n_m memory keys, K = S + T keys, G compressed slots a segment
+makes, c = compression_rate, H heads, D = d_head, C = n_embd, L layers.
 """
 
 import math
@@ -71,12 +73,10 @@ class Config:
     recon_weight: float = 1.0  # loss = LM loss + recon_weight * reconstruction loss
 
     def __post_init__(self):
-        for name in ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len', 'compression_rate'):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ('mem_len', 'clamp_len', 'cmem_len'):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'), 1)
+        for name, low in {**lowest, 'compression_rate': 1, 'mem_len': 0, 'clamp_len': 0, 'cmem_len': 0}.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         for name in ('dropout', 'dropatt'):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -96,9 +96,8 @@ class Config:
 
 @dataclass
 class Memory:
-    """Fixed-shape recurrent state (shapes never change, so torch.compile compiles once). Each memory is
-    right-aligned, oldest first: its valid slots are the last `*_length` ones. Whenever cm holds anything, m is
-    full, so the valid slots of concat(cm, m) are contiguous (the keys of Algorithm 1, line 5)."""
+    """Fixed-shape state (torch.compile compiles once); each memory right-aligned, oldest first, its valid slots the
+    last `*_length`. cm holds something only once m is full: concat(cm, m)'s valid slots are contiguous (line 5)."""
     cmem: torch.Tensor          # (n_layer, B, cmem_len, n_embd) cm: the compressed memory
     cmem_length: torch.Tensor   # (B,) int64, valid compressed slots
     mem: torch.Tensor           # (n_layer, B, mem_len, n_embd) m: each layer's input states, as Transformer-XL
@@ -108,8 +107,7 @@ class Memory:
 
 
 class Usage(NamedTuple):
-    """The attention a segment's keys [cm ; m ; h] received (most_used): the mass, mean over heads and summed
-    over queries, and how many queries saw each key."""
+    """The attention a segment's keys [cm ; m ; h] received (most_used), mean over heads; the queries that saw them."""
     mass: torch.Tensor     # (n_layer, B, K)
     queries: torch.Tensor  # (B, K)
 
@@ -123,8 +121,7 @@ class Compressed(NamedTuple):
 
 @dataclass
 class OpenSegment:
-    """generate()'s segment from its first token until decode() closes it and it becomes the memory (forward()
-    takes a whole segment in one call). The lists hold one entry per layer; t tokens so far, in pieces of t_i."""
+    """generate()'s segment until decode() closes it into the memory; lists: one entry a layer, t tokens so far."""
     key_valid: torch.Tensor  # (B, S + t) bool over [concat(cm, m) ; tokens], S = cmem_len + mem_len
     kv: list                 # (k, v) each (B, H, S + t, D): the cached keys and values of [concat(cm, m) ; tokens]
     hids: list               # pieces (B, t_i, C) of the layer's inputs h: its memory to be
@@ -133,7 +130,525 @@ class OpenSegment:
 
 
 # -----------------------------------------------------------------------------------------------------------
-# Small blocks. These are shared by design with the other model files, which copy them verbatim.
+# Compression functions f_c (§3.2)
+
+
+class Compression(nn.Module):
+    """f_c^{(i)}, one layer's compression function: groups of c old memories (B, G, c, C) -> one compressed memory
+    each (B, G, C); row b's real groups are its last n_new[b]; usage (B, G*c): each one's average attention.
+      max_pool, mean_pool  pooling over time, kernel = stride = c (no parameters)
+      conv                 Conv1d over time, kernel = stride = c, n_embd channels in and out
+      dilated_conv         ours (the paper gives no details): a WaveNet-style tree, ⌈log2 c⌉ Conv1d of kernel 2,
+                           dilations 1, 2, 4, ..., ReLU between, over the group left-padded to 2^⌈log2 c⌉ positions
+      most_used            keep the n_new memories of the n_new·c with the highest usage, in time order
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        self.kind, c, C = config.compression, config.compression_rate, config.n_embd
+        if self.kind == 'conv':
+            self.conv = nn.Conv1d(C, C, kernel_size=c, stride=c)
+        elif self.kind == 'dilated_conv':
+            levels = max(1, math.ceil(math.log2(c)))
+            self.width = 2 ** levels
+            self.convs = nn.ModuleList([nn.Conv1d(C, C, kernel_size=2, dilation=2 ** i) for i in range(levels)])
+
+    def forward(self, groups, n_new, usage):
+        if self.kind == 'max_pool':
+            return groups.amax(2)
+        if self.kind == 'mean_pool':
+            return groups.mean(2)
+        if self.kind == 'most_used':
+            return self._most_used(groups, n_new, usage)
+        B, G, c, C = groups.shape
+        if self.kind == 'conv':
+            # Conv1d with kernel = stride = c over one group of c is one matrix product over the group's c·C values:
+            # the same weights, (C_out, C_in, c) read as (C_out, c·C_in). F.linear runs it ~3x faster than the CPU
+            # conv1d kernel, forward and backward (issue 20).
+            weight = self.conv.weight.permute(0, 2, 1).reshape(C, c * C)
+            return F.linear(groups.reshape(B, G, c * C), weight, self.conv.bias)   # (B, G, C)
+        x = groups.reshape(B * G, c, C).transpose(1, 2)          # dilated_conv: (B*G, C, c), channels first
+        x = F.pad(x, (self.width - c, 0))                         # (B*G, C, 2^levels), zeros before the group
+        for level, conv in enumerate(self.convs):
+            x = conv(x)                                           # length shrinks by the dilation 2^level
+            if level < len(self.convs) - 1:
+                x = F.relu(x)                                     # (B*G, C, 1) after the last level
+        return x.reshape(B, G, C)
+
+    @staticmethod
+    def _most_used(groups, n_new, usage):
+        """Rank the B x G*c candidates by usage (padding last, ties to the older one), keep each row's n_new best
+        and write them, in time order, right-aligned into (B, G, C)."""
+        B, G, c, C = groups.shape
+        candidates = groups.reshape(B, G * c, C)
+        position = torch.arange(G * c, device=groups.device).expand(B, -1)                 # (B, G*c)
+        real = position >= ((G - n_new) * c)[:, None]
+        order = torch.argsort(usage.masked_fill(~real, float('-inf')), dim=1, descending=True, stable=True)
+        rank = torch.empty_like(order).scatter_(1, order, position)                         # rank of each candidate
+        keep = rank < n_new[:, None]                                                        # n_new per row
+        slot = (G - n_new)[:, None] + keep.cumsum(1) - 1                                    # target slot, time order
+        slot = torch.where(keep, slot, G)                                                   # the rest: slot G, dropped
+        out = candidates.new_zeros(B, G + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), candidates)
+        return out[:, :G]
+
+    def macs_per_slot(self):
+        """Multiply-adds of one compressed slot, forward and backward: dilated_conv's level l has width + 1 - 2^(l+1)
+        outputs; backward, every level's input but the first (old_mem, SG) gets a gradient too."""
+        if self.kind == 'conv':
+            return self.conv.weight.numel(), self.conv.weight.numel()
+        if self.kind == 'dilated_conv':
+            level = [conv.weight.numel() * (self.width + 1 - 2 ** (l + 1)) for l, conv in enumerate(self.convs)]
+            return sum(level), sum(level) + sum(level[1:])
+        return 0, 0                                               # pooling and most_used multiply nothing
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The memory update: Algorithm 1, lines 8-11, as small pure functions on right-aligned, fixed-shape memories.
+#
+# Worked example: n_s = seg_len = 4, n_m = mem_len = 8, n_cm = cmem_len = 4, c = compression_rate = 2; one row
+# of one layer; "k" is the state of token k, "_" an empty slot, f(a,b) the slot f_c makes of states a and b.
+#   segment 1, tokens 0-3    concat(m, h) = [_ _ _ _ _ _ _ _ | 0 1 2 3]
+#                            m = its last 8 = [_ _ _ _ 0 1 2 3]; the 4 that fall out are empty: nothing to compress
+#   segment 2, tokens 4-7    m = [0 1 2 3 4 5 6 7], full; again only empty slots fall out
+#   segment 3, tokens 8-11   concat(m, h) = [0 1 2 3 4 5 6 7 | 8 9 10 11]
+#                            old_mem = the 4 that fall out = [0 1 2 3] = m_t[:n_s]               line 8
+#                            groups of c: (0 1) (2 3) -> new_cm = [f(0,1) f(2,3)]                  line 9
+#                            m = [4 5 6 7 8 9 10 11]                                             line 10
+#                            cm = last 4 of [_ _ _ _ | f(0,1) f(2,3)] = [_ _ f(0,1) f(2,3)]       line 11
+#   segment 4, tokens 12-15  old_mem = [4 5 6 7]; cm = [f(0,1) f(2,3) f(4,5) f(6,7)], full
+#   segment 5, tokens 16-19  old_mem = [8 9 10 11]; cm = [f(4,5) f(6,7) f(8,9) f(10,11)]: f(0,1), f(2,3) are gone
+#   segment 6 attends to [cm ; m ; h]: 4 + 8 memory keys reaching c·4 + 8 = 16 tokens back.
+# cm fills only once m is full, and m stays full from then on, so the valid slots of concat(cm, m) are contiguous
+# and every new_cm pushed into a non-empty cm is whole (no padding in between).
+
+
+def right_aligned(n_slots, length):
+    """(B, n_slots) bool: the valid slots of a right-aligned memory of n_slots holding length (B,) entries."""
+    return torch.arange(n_slots, device=length.device)[None, :] >= (n_slots - length)[:, None]
+
+
+def memory_valid(memory):
+    """(B, S) bool: the valid slots of concat(cm, m), S = cmem_len + mem_len (contiguous: see Memory)."""
+    return torch.cat([right_aligned(memory.cmem.size(2), memory.cmem_length),
+                      right_aligned(memory.mem.size(2), memory.mem_length)], dim=1)
+
+
+def push_fifo(slots, new):
+    """concat(slots, new)[-n:] with n = slots.size(2) (lines 10 and 11), and the new.size(2) oldest slots, which
+    fall out (line 8: old_mem = m_t[:n_s]). slots (L, B, n, ...), new (L, B, T, ...): states or per-slot values."""
+    T = new.size(2)
+    both = torch.cat([slots, new], dim=2)                         # (L, B, n+T, ...)
+    return both[:, :, T:], both[:, :, :T]
+
+
+def group_evicted(old_mem, n_old, rate):
+    """Line 9's input: the T slots that fell out of m (L, B, T, ...), the last n_old (B,) real, as groups of c
+    (L, B, T // c, c, ...), and how many (the last) are real; the oldest n_old mod c states are forgotten."""
+    L, B, T = old_mem.shape[:3]
+    G = T // rate
+    return old_mem[:, :, T - G * rate:].reshape(L, B, G, rate, *old_mem.shape[3:]), n_old // rate
+
+
+def compress(layers, groups, n_new, usage):
+    """Line 9: new_cm = f_c(old_mem) per layer. groups (L, B, G, c, C), the last n_new (B,) real; usage
+    (L, B, G*c) for most_used, else None. -> (L, B, G, C), zero where a group is padding."""
+    new_cm = torch.stack([layer.compress(groups[n], n_new, None if usage is None else usage[n])
+                          for n, layer in enumerate(layers)])
+    return torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)
+
+
+def accumulate_usage(attn_mass, attn_queries, usage, cmem_len):
+    """most_used's bookkeeping: add this segment's usage to m's running mass and query count, push them through the
+    FIFO as the states. -> attn_mass (L, B, n_m), attn_queries (B, n_m), average usage of the T evicted (L, B, T)."""
+    n_m = attn_mass.size(2)
+    mass, seen = usage.mass[:, :, cmem_len:], usage.queries[None, :, cmem_len:]      # of the keys [m ; h]
+    mass, old_mass = push_fifo(attn_mass + mass[:, :, :n_m], mass[:, :, n_m:])
+    seen, old_seen = push_fifo(attn_queries[None] + seen[:, :, :n_m], seen[:, :, n_m:])
+    return mass.contiguous(), seen[0].contiguous(), old_mass / old_seen.clamp(min=1)
+
+
+def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
+    """Algorithm 1, lines 8-11, every layer at once. hids (L, B, T, C): the segment's layer inputs h; usage (most_used,
+    else None); layers: their f_c; keep_graph: new_cm keeps f_c's graph (recon_loss='none', see Model.forward).
+    -> the new Memory and, for the reconstruction losses, what line 9 did (None when cmem_len = 0)."""
+    T, n_cm = hids.size(2), memory.cmem.size(2)
+    mem, old_mem = push_fifo(memory.mem, hids.detach().to(memory.mem.dtype))   # lines 10 and 8, SG(h)
+    mem_length = (memory.mem_length + T).clamp(max=memory.mem.size(2))
+    n_old = memory.mem_length + T - mem_length                    # states that fell out of m (B,), right-aligned
+    if n_cm == 0:                                                 # Transformer-XL: they are forgotten
+        return replace(memory, mem=mem.contiguous(), mem_length=mem_length), None
+    attn_mass, attn_queries, old_usage = memory.attn_mass, memory.attn_queries, None
+    if usage is not None:
+        attn_mass, attn_queries, old_usage = accumulate_usage(attn_mass, attn_queries, usage, n_cm)
+        old_usage = group_evicted(old_usage, n_old, rate)[0].flatten(2)                   # (L, B, G*c)
+    groups, n_new = group_evicted(old_mem, n_old, rate)          # (L, B, G, c, C), n_new (B,) real groups
+    new_cm = compress(layers, groups, n_new, old_usage)          # line 9, (L, B, G, C)
+    cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())          # line 11
+    cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
+    return (Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length, attn_mass, attn_queries),
+            Compressed(groups, n_new, new_cm))
+
+
+def open_segment(memory, layers, r, need_usage):
+    """generate()'s segment, opening on memory: keys and values of concat(cm, m) per layer (line 5), W_{k,R} R of r
+    (K, C), R for the K = S + seg_len keys it will have, and their zero usage (most_used)."""
+    mem = torch.cat([memory.cmem, memory.mem], dim=2)             # (L, B, S, C) concat(cm, m)
+    L, B, K = mem.size(0), mem.size(1), r.size(0)
+    usage = Usage(memory.attn_mass.new_zeros(L, B, K), memory.attn_queries.new_zeros(B, K)) if need_usage else None
+    return OpenSegment(key_valid=memory_valid(memory), kv=[layer.attn.keys_values(m) for layer, m in zip(layers, mem)],
+                       hids=[[] for _ in layers], usage=usage,
+                       r_k=[layer.attn.project_positions(r) for layer in layers])
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The auxiliary compression losses (§3.2)
+
+
+def content_attention(q, k, v, key_valid, scale):
+    """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions, from
+    the queries q = hQ (B, H, T, D) and the keys mK and values mV (B, H, S, D), key_valid (B, S). -> (B, H, T, D)"""
+    key_valid = key_valid | ~key_valid.any(1, keepdim=True)      # a row with nothing to compress: no NaN (unused)
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # the target (all SG): one fused kernel, about 2x the explicit form below on CPU (bench/README.md, issue 20)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None, :], scale=scale)
+    # the prediction: explicit, as the fused kernel's backward would also compute the unused gradient of q (SG).
+    # The scale and the mask go into the product (its bias): one pass over the scores instead of three.
+    B, H, T, D = q.shape
+    S = k.size(2)
+    bias = q.new_zeros(B, 1, 1, S).masked_fill_(~key_valid[:, None, None, :], float('-inf'))
+    score = torch.baddbmm(bias.expand(B, H, 1, S).reshape(B * H, 1, S), q.reshape(B * H, T, D),
+                          k.reshape(B * H, S, D).transpose(1, 2), alpha=scale)                 # (B*H, T, S)
+    p = F.softmax(score.float(), dim=-1).to(v.dtype)
+    return torch.bmm(p, v.reshape(B * H, S, D)).view(B, H, T, D)
+
+
+def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
+    """f_c's local loss (§3.2), summed over layers (Algorithm 2, line 8) and averaged over the rows that compressed
+    something in this segment; only f_c learns from it. compressed: line 9 of this segment; qkv: per layer, the
+    queries (B, H, T, D) and the keys and values (B, H, n_cm + n_m + T, D) of [cm ; m ; h] of its forward.
+      attention     Algorithm 2: ‖attn(h, old_mem) − attn(h, new_cm)‖²
+      autoencoding  ‖old_mem − g(new_cm)‖², g the layer's decoder"""
+    old_mem, n_new, new_cm = compressed
+    L, B, G, rate, C = old_mem.shape
+    real = right_aligned(G, n_new)                                # (B, G) real groups
+    rows = (n_new > 0).float()
+    total = 0.0
+    for n, layer in enumerate(layers):
+        if kind == 'attention':
+            # the forward's projections, detached, are SG(h)SG(Q), SG(old_mem)SG(K), SG(old_mem)SG(V) (lines 3-5):
+            # old_mem, the first T of [m ; h] (line 8), has keys n_cm ... n_cm+T, of which the last n_new·c are real
+            q, k, v = (x.detach() for x in qkv[n])
+            T = q.size(2)
+            old = slice(n_cm, n_cm + T)
+            target = content_attention(q, k[:, :, old], v[:, :, old], right_aligned(T, n_new * rate), layer.attn.scale)
+            prediction = content_attention(q, *layer.attn.keys_values_sg(new_cm[n]), real, layer.attn.scale)
+            error = (target - prediction).float().pow(2).mean((1, 2, 3))
+        else:
+            decoded = layer.decoder(new_cm[n]).view(B, G, rate, C)
+            error = ((old_mem[n] - decoded).float().pow(2) * real[:, :, None, None]).sum((1, 2, 3))
+            error = error / (n_new * rate * C).clamp(min=1)
+        total = total + (error * rows).sum() / rows.sum().clamp(min=1)
+    return total
+
+
+def compression_flops(config, f_c):
+    """Training FLOPs of f_c and its loss per layer and full segment (G = T/c slots), 2 a multiply-add; norms, softmax
+    and pooling not counted, nor recon_loss='none''s gradients through time (--bptt_segments > 1)."""
+    T, C, HD, c = config.seg_len, config.n_embd, config.n_head * config.d_head, config.compression_rate
+    G = T // c
+    forward, backward = f_c.macs_per_slot()             # (0, 0) for pooling and most_used: nothing to learn
+    grad = 2 if backward > 0 and config.recon_loss != 'none' else 0   # FLOPs a multiply-add of a gradient to f_c
+    flops = G * (2 * forward + grad * backward)         # f_c
+    if config.recon_loss == 'autoencoding':
+        flops += (2 + 2 + grad) * G * c * C * C         # g: forward, weight gradient, gradient to new_cm
+    elif config.recon_loss == 'attention':              # Algorithm 2, the T queries' content attention:
+        flops += 2 * 2 * T * T * HD                     # over old_mem (T keys), q·k and p·v: forward only (all SG)
+        flops += (2 + grad) * 2 * G * C * HD            # new_cm's keys and values (weights SG): gradient to new_cm
+        flops += (2 * 2 + 3 * grad) * T * G * HD        # over new_cm: q·k, p·v; backward dp, dk, dv (q is SG)
+    return flops
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Relative attention over [compressed memory ; memory ; segment]
+
+
+# Copied from model_xl.py (RelMultiHeadAttn) with forward(..., attn_mask) -> forward(..., attn_mask, need_usage),
+# which also returns the queries (Algorithm 2) and the mass each key received (most_used), and keys_values_sg added
+class RelMultiHeadAttn(nn.Module):
+    """model_xl.py's attention with relative positions (§3.3 of Dai et al.) plus what Algorithm 2 and most_used need."""
+
+    # Copied from model_xl.py (RelMultiHeadAttn.__init__)
+    def __init__(self, config):
+        super().__init__()
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.n_head, self.d_head = H, D
+        self.q_net = nn.Linear(C, H * D, bias=False)         # W_q
+        self.kv_net = nn.Linear(C, 2 * H * D, bias=False)    # W_{k,E} and W_v
+        self.r_net = nn.Linear(C, H * D, bias=False)         # W_{k,R}: the relative embeddings' own key projection
+        self.o_net = nn.Linear(H * D, C, bias=False)
+        self.layer_norm = nn.LayerNorm(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.dropatt = nn.Dropout(config.dropatt)
+        self.dropatt_p = config.dropatt
+        self.scale = 1.0 / math.sqrt(D)
+        self.pre_lnorm = config.pre_lnorm
+        self.use_sdpa = config.use_sdpa
+
+    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
+    def keys_values(self, h):
+        """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
+        position alone (positions enter only through R), so the memory's can be computed once and cached."""
+        B, S, _ = h.shape
+        if self.pre_lnorm:
+            h = self.layer_norm(h)
+        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
+        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
+
+    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
+    def project_positions(self, r):
+        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
+        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
+
+    def keys_values_sg(self, m):
+        """keys_values(m) with every weight under stop-gradient (Algorithm 2, line 5): only m's maker learns."""
+        B, S, C = m.shape
+        if self.pre_lnorm:
+            ln = self.layer_norm
+            m = F.layer_norm(m, (C,), ln.weight.detach(), ln.bias.detach(), ln.eps)
+        kv = F.linear(m, self.kv_net.weight.detach()).view(B, S, 2, self.n_head, self.d_head)
+        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
+        """model_xl.py's arguments, mem_kv those of [cm ; m] (line 5); need_usage: also the attention mass each key
+        received (manual path). -> out (B, T, C), (k, v) (B, H, K, D), the queries (B, H, T, D), usage (B, K) or None"""
+        B, T, C = h.shape
+        H, D = self.n_head, self.d_head
+        x = self.layer_norm(h) if self.pre_lnorm else h
+        q = self.q_net(x).view(B, T, H, D).transpose(1, 2)       # (B, H, T, D)
+        k_new, v_new = self.keys_values(h)
+        k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)   [SG(cm ; m) ∘ h] W_{k,E}
+        v = torch.cat([mem_kv[1], v_new], dim=2)                  # (B, H, K, D)
+        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)      W_{k,R} R
+
+        # terms (b) + (d): (q_i + v) · W_{k,R} R_{i-j}, computed for every distance then rel-shifted into place
+        BD = torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k)   # (B, H, T, K), column c = distance K-1-c
+        BD = rel_shift(BD)                                                # (B, H, T, K), column j = key j
+        q_u = q + r_w_bias[:, None]                                       # terms (a) + (c): (q_i + u) · k_j
+
+        usage = None
+        if self.use_sdpa and not need_usage:
+            # SDPA computes softmax(q_u k^T * scale + bias); the positional terms ride in the additive bias.
+            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
+            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
+                                                      dropout_p=self.dropatt_p if self.training else 0.0)
+        else:
+            AC = torch.einsum('bhid,bhjd->bhij', q_u, k)                  # (B, H, T, K)
+            score = (AC + BD) * self.scale                                # A^rel / sqrt(d)
+            score = score.masked_fill(~attn_mask, float('-inf'))
+            prob = F.softmax(score.float(), dim=-1)
+            if need_usage:
+                usage = prob.detach().mean(1).sum(1)                      # (B, K) mass per key, mean over heads
+            prob = self.dropatt(prob.to(v.dtype))
+            attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
+
+        attn_out = self.drop(self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)
+        out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
+        return out, (k, v), q, usage
+
+
+# Copied from model_xl.py (Block) with f_c (compress), g (decoder, autoencoding) and need_usage (queries, usage) added
+class Block(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attn = RelMultiHeadAttn(config)
+        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
+        if config.cmem_len > 0:
+            self.compress = Compression(config)                   # f_c^{(i)}
+            if config.recon_loss == 'autoencoding':               # g: one compressed memory -> c memories
+                self.decoder = nn.Linear(config.n_embd, config.compression_rate * config.n_embd)
+
+    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
+        h, kv, q, usage = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage)
+        return self.ff(h), kv, q, usage
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The model
+
+
+class Model(nn.Module):
+    # Copied from model_xl.py (Model.__init__)
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        C, H, D = config.n_embd, config.n_head, config.d_head
+        self.word_emb = ScaledEmbedding(config.vocab_size, C)
+        self.pos_emb = PositionalEmbedding(C)
+        self.drop = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        n_bias = config.n_layer if config.untie_r else 1
+        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
+        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
+        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
+        self.apply(self._init_weights)
+        nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
+        nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
+
+    # Copied from model_xl.py (Model._init_weights) with nn.Linear->(nn.Linear, nn.Conv1d): f_c's convolutions too
+    def _init_weights(self, module):
+        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
+        # LayerNorm gains N(1, init_std).
+        std = self.config.init_std
+        if isinstance(module, (nn.Linear, nn.Conv1d)):
+            nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, ScaledEmbedding):
+            nn.init.normal_(module.weight, 0.0, std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.normal_(module.weight, 1.0, std)
+            nn.init.zeros_(module.bias)
+
+    def init_memory(self, batch_size, device, mem_len=None):
+        """Empty memory for batch_size fresh streams (Algorithm 1, lines 1-2); mem_len overrides n_m, not n_cm."""
+        L, B, C, n_cm = self.config.n_layer, batch_size, self.config.n_embd, self.config.cmem_len
+        n_m = self.config.mem_len if mem_len is None else mem_len
+        zeros = partial(torch.zeros, device=device, dtype=self.word_emb.weight.dtype)   # float32 under autocast
+        return Memory(cmem=zeros(L, B, n_cm, C), cmem_length=zeros(B, dtype=torch.long), mem=zeros(L, B, n_m, C),
+                      mem_length=zeros(B, dtype=torch.long), attn_mass=zeros(L, B, n_m), attn_queries=zeros(B, n_m))
+
+    def reset_memory(self, memory, mask):
+        """Empty both memories of the rows where mask (B,) is True, e.g. at a document boundary."""
+        keep = (~mask).to(memory.mem.dtype)
+        return Memory(cmem=memory.cmem * keep[None, :, None, None], cmem_length=memory.cmem_length * ~mask,
+                      mem=memory.mem * keep[None, :, None, None], mem_length=memory.mem_length * ~mask,
+                      attn_mass=memory.attn_mass * keep[None, :, None],
+                      attn_queries=memory.attn_queries * keep[:, None])
+
+    # Copied from model_xl.py (Model._relative_positions)
+    def _relative_positions(self, K, device):
+        """R for the distances K-1, ..., 0 (clamped at clamp_len), with dropout as in the paper's code."""
+        pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
+        if self.config.clamp_len > 0:
+            pos_seq = pos_seq.clamp(max=self.config.clamp_len)
+        return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
+
+    # Copied from model_xl.py (Model._attn_mask)
+    def _attn_mask(self, key_valid, T, mem_len):
+        """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
+        Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
+        same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
+        S = key_valid.size(1) - T
+        i = torch.arange(T, device=key_valid.device)[:, None]
+        j = torch.arange(S + T, device=key_valid.device)[None, :]
+        distance = S + i - j                                      # (T, K)
+        allowed = distance >= 0                                   # causal
+        if self.config.same_length:
+            allowed = allowed & (distance < max(mem_len, 1))
+        return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
+
+    # Copied from model_xl.py (Model._u_v)
+    def _u_v(self, i):
+        n = i if self.config.untie_r else 0
+        return self.r_w_bias[n], self.r_r_bias[n]
+
+    def forward(self, idx, memory, targets=None):
+        """idx: (B, T) tokens, T <= seg_len. -> logits, LM loss + recon_weight * reconstruction loss, new_memory, aux"""
+        config = self.config
+        B, T = idx.shape
+        if T > config.seg_len:
+            raise ValueError(f"segment of {T} tokens is longer than seg_len={config.seg_len}")
+        mem = torch.cat([memory.cmem, memory.mem], dim=2)         # (L, B, S, C) concat(cm, m), line 5
+        S = mem.size(2)
+        key_valid = torch.cat([memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)  # (B, S+T)
+        attn_mask = self._attn_mask(key_valid, T, S)              # (B, 1, T, S+T); window cmem_len + mem_len
+        r = self._relative_positions(S + T, idx.device)           # (S+T, C)
+        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
+
+        h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^(1) (line 3)
+        hids, qkv, usage = [], [], []
+        for n, layer in enumerate(self.layers):                   # line 4
+            hids.append(h)                                        # layer n's input: its memory to be
+            mem_kv = layer.attn.keys_values(mem[n])               # (B, H, S, D) x2, keys/values of concat(cm, m)
+            h, (k, v), q, layer_usage = layer(h, mem_kv, r, *self._u_v(n), attn_mask, need_usage)   # lines 6-7, 12
+            qkv.append((q, k, v))                                 # Algorithm 2 reuses them
+            usage.append(layer_usage)
+        logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)   # (B, T, V), tied output layer
+
+        usage = Usage(torch.stack(usage), attn_mask.sum((1, 2)).to(memory.attn_queries.dtype)) if need_usage else None
+        new_memory, compressed = update_memory(memory, torch.stack(hids), usage, self.layers, config.compression_rate,
+                                               keep_graph=config.recon_loss == 'none' and self.training)   # BPTT f_c
+        loss, aux = None, {}
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+            aux['lm_loss'] = loss.detach()
+            if compressed is not None and config.recon_loss != 'none':
+                recon_loss = reconstruction_loss(config.recon_loss, self.layers, compressed, qkv, config.cmem_len)
+                aux['recon_loss'] = recon_loss.detach()
+                loss = loss + config.recon_weight * recon_loss
+            elif compressed is not None and self.training:
+                # recon_loss='none': only the LM loss trains f_c, through time (§3.2, Table 5's "BPTT"; keep_graph).
+                # Where none reaches it (--bptt_segments=1, a filling memory) DDP still waits: f_c joins with weight 0.
+                loss = loss + 0.0 * sum(p.sum() for layer in self.layers for p in layer.compress.parameters())
+        return logits, loss, new_memory, aux
+
+    # Copied from model_xl.py (Model.num_params)
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, mem_len=None):
+        """Training FLOPs (forward + backward) per token, for MFU: model_xl.py's count (its docstring) over cmem_len +
+        mem_len memory keys, plus f_c and its loss once per compressed slot (compression_flops), not once per token."""
+        c = self.config
+        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but f_c's
+                       if name.endswith('weight') and p.dim() > 1           # and g's (biases, norms, u and v take
+                       and '.compress.' not in name and '.decoder.' not in name)   # none)
+        S = (c.mem_len if mem_len is None else mem_len) + c.cmem_len
+        T, K, C, HD = c.seg_len, S + c.seg_len, c.n_embd, c.n_head * c.d_head
+        weights = 6 * (matrices - c.n_layer * C * HD)             # every other weight but W_{k,R}, once a token
+        attention = 6 * 3 * c.n_layer * HD * K                    # (a)+(c), (b)+(d) and the values, over K keys
+        memory = 4 * c.n_layer * S * C * 2 * HD / T               # [SG(cm) ; SG(m)]'s keys and values
+        compression = c.n_layer * compression_flops(c, self.layers[0].compress) / T if c.cmem_len > 0 else 0
+        return weights + attention + memory + compression
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
+        """Continue idx (B, T0) after memory (optional), as decode(); closing a segment runs update_memory."""
+        config = self.config
+        if memory is None:
+            memory = self.init_memory(idx.size(0), idx.device)
+        S = config.cmem_len + memory.mem.size(2)
+        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
+        seg = None                                                      # the open segment, None until its first token
+
+        def step(tokens, closes_segment):
+            nonlocal memory, seg
+            if seg is None:                                             # a segment opens on the memory
+                seg = open_segment(memory, self.layers, self._relative_positions(S + config.seg_len, idx.device),
+                                   need_usage)
+            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(tokens.shape)], dim=1)
+            K = seg.key_valid.size(1)
+            attn_mask = self._attn_mask(seg.key_valid, tokens.size(1), S)
+            h = self.drop(self.word_emb(tokens))
+            for n, layer in enumerate(self.layers):
+                seg.hids[n].append(h)
+                h, seg.kv[n], _, layer_usage = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._u_v(n), attn_mask,
+                                                     need_usage)
+                if need_usage:
+                    seg.usage.mass[n, :, :K] += layer_usage
+            if need_usage:
+                seg.usage.queries[:, :K] += attn_mask.sum((1, 2))
+            if closes_segment:                                          # it becomes the memory, as in forward()
+                hids = torch.stack([torch.cat(pieces, dim=1) for pieces in seg.hids])   # (L, B, seg_len, C)
+                memory, _ = update_memory(memory, hids, seg.usage, self.layers, config.compression_rate)
+                seg = None
+            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)  # (B, V) logits of the last position
+
+        return decode(step, idx, max_new_tokens, config.seg_len, temperature, top_k, callback)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Blocks copied verbatim from model_xl.py (tests/test_copies.py keeps them identical)
 
 # Copied from model_xl.py (PositionwiseFF)
 class PositionwiseFF(nn.Module):
@@ -223,187 +738,6 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
     return idx
 
 
-# -----------------------------------------------------------------------------------------------------------
-# Compression functions f_c (§3.2)
-
-
-class Compression(nn.Module):
-    """f_c^{(i)}, one layer's compression function: groups of c consecutive old memories (B, G, c, C) -> one
-    compressed memory each (B, G, C). Row b's real groups are its last n_new[b] (the rest is padding: fixed
-    shapes); usage (B, G*c) is the average attention each old memory received (most_used only).
-      max_pool, mean_pool  pooling over time, kernel = stride = c (no parameters)
-      conv                 Conv1d over time, kernel = stride = c, n_embd channels in and out
-      dilated_conv         the paper gives no details; ours is a WaveNet-style tree over each group: ⌈log2 c⌉
-                           Conv1d of kernel 2 with dilations 1, 2, 4, ... (ReLU between them) over the group
-                           left-padded with zeros to 2^⌈log2 c⌉ positions, so its one output sees the c memories
-      most_used            keep the n_new memories of the n_new·c with the highest usage, in time order
-    """
-
-    def __init__(self, config):
-        super().__init__()
-        self.kind, c, C = config.compression, config.compression_rate, config.n_embd
-        if self.kind == 'conv':
-            self.conv = nn.Conv1d(C, C, kernel_size=c, stride=c)
-        elif self.kind == 'dilated_conv':
-            levels = max(1, math.ceil(math.log2(c)))
-            self.width = 2 ** levels
-            self.convs = nn.ModuleList([nn.Conv1d(C, C, kernel_size=2, dilation=2 ** i) for i in range(levels)])
-
-    def forward(self, groups, n_new, usage):
-        if self.kind == 'max_pool':
-            return groups.amax(2)
-        if self.kind == 'mean_pool':
-            return groups.mean(2)
-        if self.kind == 'most_used':
-            return self._most_used(groups, n_new, usage)
-        B, G, c, C = groups.shape
-        if self.kind == 'conv':
-            # Conv1d with kernel = stride = c over one group of c is one matrix product over the group's c·C values:
-            # the same weights, (C_out, C_in, c) read as (C_out, c·C_in). F.linear runs it ~3x faster than the CPU
-            # conv1d kernel, forward and backward (issue 20).
-            weight = self.conv.weight.permute(0, 2, 1).reshape(C, c * C)
-            return F.linear(groups.reshape(B, G, c * C), weight, self.conv.bias)   # (B, G, C)
-        x = groups.reshape(B * G, c, C).transpose(1, 2)          # dilated_conv: (B*G, C, c), channels first
-        x = F.pad(x, (self.width - c, 0))                         # (B*G, C, 2^levels), zeros before the group
-        for level, conv in enumerate(self.convs):
-            x = conv(x)                                           # length shrinks by the dilation 2^level
-            if level < len(self.convs) - 1:
-                x = F.relu(x)                                     # (B*G, C, 1) after the last level
-        return x.reshape(B, G, C)
-
-    @staticmethod
-    def _most_used(groups, n_new, usage):
-        """Rank the B x G*c candidates by usage (padding last, ties to the older one), keep each row's n_new best
-        and write them, in time order, right-aligned into (B, G, C)."""
-        B, G, c, C = groups.shape
-        candidates = groups.reshape(B, G * c, C)
-        position = torch.arange(G * c, device=groups.device).expand(B, -1)                 # (B, G*c)
-        real = position >= ((G - n_new) * c)[:, None]
-        order = torch.argsort(usage.masked_fill(~real, float('-inf')), dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order).scatter_(1, order, position)                         # rank of each candidate
-        keep = rank < n_new[:, None]                                                        # n_new per row
-        slot = (G - n_new)[:, None] + keep.cumsum(1) - 1                                    # target slot, time order
-        slot = torch.where(keep, slot, G)                                                   # the rest: slot G, dropped
-        out = candidates.new_zeros(B, G + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), candidates)
-        return out[:, :G]
-
-    def macs_per_slot(self):
-        """Multiply-adds of one compressed slot, forward and backward (flops_per_token): level l of dilated_conv has
-        width + 1 - 2^(l+1) outputs; backward, each level's input but the first (old_mem is SG) gets a gradient too."""
-        if self.kind == 'conv':
-            return self.conv.weight.numel(), self.conv.weight.numel()
-        if self.kind == 'dilated_conv':
-            level = [conv.weight.numel() * (self.width + 1 - 2 ** (l + 1)) for l, conv in enumerate(self.convs)]
-            return sum(level), sum(level) + sum(level[1:])
-        return 0, 0                                               # pooling and most_used multiply nothing
-
-
-# -----------------------------------------------------------------------------------------------------------
-# The memory update: Algorithm 1, lines 8-11, as small pure functions on fixed-shape tensors. Every memory is
-# right-aligned with a valid-slot count per row; update_memory runs them for all layers at once.
-#
-# Worked example: n_s = seg_len = 4, n_m = mem_len = 8, n_cm = cmem_len = 4, c = compression_rate = 2; one row
-# of one layer; "k" is the state of token k, "_" an empty slot, f(a,b) the slot f_c makes of states a and b.
-#   segment 1, tokens 0-3    concat(m, h) = [_ _ _ _ _ _ _ _ | 0 1 2 3]
-#                            m = its last 8 = [_ _ _ _ 0 1 2 3]; the 4 that fall out are empty: nothing to compress
-#   segment 2, tokens 4-7    m = [0 1 2 3 4 5 6 7], full; again only empty slots fall out
-#   segment 3, tokens 8-11   concat(m, h) = [0 1 2 3 4 5 6 7 | 8 9 10 11]
-#                            old_mem = the 4 that fall out = [0 1 2 3] = m_t[:n_s]               line 8
-#                            groups of c: (0 1) (2 3) -> new_cm = [f(0,1) f(2,3)]                  line 9
-#                            m = [4 5 6 7 8 9 10 11]                                             line 10
-#                            cm = last 4 of [_ _ _ _ | f(0,1) f(2,3)] = [_ _ f(0,1) f(2,3)]       line 11
-#   segment 4, tokens 12-15  old_mem = [4 5 6 7]; cm = [f(0,1) f(2,3) f(4,5) f(6,7)], full
-#   segment 5, tokens 16-19  old_mem = [8 9 10 11]; cm = [f(4,5) f(6,7) f(8,9) f(10,11)]: f(0,1), f(2,3) are gone
-#   segment 6 attends to [cm ; m ; h]: 4 + 8 memory keys reaching c·4 + 8 = 16 tokens back.
-# cm fills only once m is full, and m stays full from then on, so the valid slots of concat(cm, m) are contiguous
-# and every new_cm pushed into a non-empty cm is whole (no padding in between).
-
-
-def right_aligned(n_slots, length):
-    """(B, n_slots) bool: the valid slots of a right-aligned memory of n_slots holding length (B,) entries."""
-    return torch.arange(n_slots, device=length.device)[None, :] >= (n_slots - length)[:, None]
-
-
-def memory_valid(memory):
-    """(B, S) bool: the valid slots of concat(cm, m), S = cmem_len + mem_len (contiguous: see Memory)."""
-    return torch.cat([right_aligned(memory.cmem.size(2), memory.cmem_length),
-                      right_aligned(memory.mem.size(2), memory.mem_length)], dim=1)
-
-
-def push_fifo(slots, new):
-    """concat(slots, new)[-n:] with n = slots.size(2) (lines 10 and 11), and the new.size(2) oldest slots, which
-    fall out (line 8: old_mem = m_t[:n_s]). slots (L, B, n, ...), new (L, B, T, ...): states or per-slot values."""
-    T = new.size(2)
-    both = torch.cat([slots, new], dim=2)                         # (L, B, n+T, ...)
-    return both[:, :, T:], both[:, :, :T]
-
-
-def group_evicted(old_mem, n_old, rate):
-    """Line 9's input: the T slots that fell out of m, (L, B, T, ...) of which the last n_old (B,) are states,
-    as groups of c consecutive slots (L, B, T // c, c, ...), and how many groups (the last ones) are real (B,).
-    The oldest n_old mod c states are forgotten (none when T and n_old are multiples of c)."""
-    L, B, T = old_mem.shape[:3]
-    G = T // rate
-    return old_mem[:, :, T - G * rate:].reshape(L, B, G, rate, *old_mem.shape[3:]), n_old // rate
-
-
-def compress(layers, groups, n_new, usage):
-    """Line 9: new_cm = f_c(old_mem) per layer. groups (L, B, G, c, C), the last n_new (B,) real; usage
-    (L, B, G*c) for most_used, else None. -> (L, B, G, C), zero where a group is padding."""
-    new_cm = torch.stack([layer.compress(groups[n], n_new, None if usage is None else usage[n])
-                          for n, layer in enumerate(layers)])
-    return torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)
-
-
-def accumulate_usage(attn_mass, attn_queries, usage, cmem_len):
-    """most_used's bookkeeping for m: add the attention this segment's keys [cm ; m ; h] received (usage) to the
-    running mass and query count of m's slots, and push them through the FIFO as the states are. Returns the
-    new attn_mass (L, B, n_m), attn_queries (B, n_m) and the average usage of the T slots that fell out (L, B, T)."""
-    n_m = attn_mass.size(2)
-    mass, seen = usage.mass[:, :, cmem_len:], usage.queries[None, :, cmem_len:]      # of the keys [m ; h]
-    mass, old_mass = push_fifo(attn_mass + mass[:, :, :n_m], mass[:, :, n_m:])
-    seen, old_seen = push_fifo(attn_queries[None] + seen[:, :, :n_m], seen[:, :, n_m:])
-    return mass.contiguous(), seen[0].contiguous(), old_mass / old_seen.clamp(min=1)
-
-
-def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
-    """Algorithm 1, lines 8-11, for every layer at once, with the functions above. hids (L, B, T, C): this segment's
-    layer inputs h; usage: the attention its keys received (most_used, else None); layers: their f_c; keep_graph:
-    new_cm keeps f_c's graph (recon_loss='none' in training: f_c learns through time, see Model.forward).
-    Returns the new Memory and, for the reconstruction losses, what line 9 did (None when cmem_len = 0)."""
-    T, n_cm = hids.size(2), memory.cmem.size(2)
-    mem, old_mem = push_fifo(memory.mem, hids.detach().to(memory.mem.dtype))   # lines 10 and 8, SG(h)
-    mem_length = (memory.mem_length + T).clamp(max=memory.mem.size(2))
-    n_old = memory.mem_length + T - mem_length                    # states that fell out of m (B,), right-aligned
-    if n_cm == 0:                                                 # Transformer-XL: they are forgotten
-        return replace(memory, mem=mem.contiguous(), mem_length=mem_length), None
-    attn_mass, attn_queries, old_usage = memory.attn_mass, memory.attn_queries, None
-    if usage is not None:
-        attn_mass, attn_queries, old_usage = accumulate_usage(attn_mass, attn_queries, usage, n_cm)
-        old_usage = group_evicted(old_usage, n_old, rate)[0].flatten(2)                   # (L, B, G*c)
-    groups, n_new = group_evicted(old_mem, n_old, rate)          # (L, B, G, c, C), n_new (B,) real groups
-    new_cm = compress(layers, groups, n_new, old_usage)          # line 9, (L, B, G, C)
-    cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())          # line 11
-    cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
-    return (Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length, attn_mass, attn_queries),
-            Compressed(groups, n_new, new_cm))
-
-
-def open_segment(memory, layers, r, need_usage):
-    """generate()'s segment, opening on memory: the keys and values of concat(cm, m) per layer (line 5), no token
-    yet, W_{k,R} R per layer of r, R (K, C) for the K = S + seg_len keys it will have, and, for most_used, their
-    zero usage."""
-    mem = torch.cat([memory.cmem, memory.mem], dim=2)             # (L, B, S, C) concat(cm, m)
-    L, B, K = mem.size(0), mem.size(1), r.size(0)
-    usage = Usage(memory.attn_mass.new_zeros(L, B, K), memory.attn_queries.new_zeros(B, K)) if need_usage else None
-    return OpenSegment(key_valid=memory_valid(memory), kv=[layer.attn.keys_values(m) for layer, m in zip(layers, mem)],
-                       hids=[[] for _ in layers], usage=usage,
-                       r_k=[layer.attn.project_positions(r) for layer in layers])
-
-
-# -----------------------------------------------------------------------------------------------------------
-# Relative attention over [compressed memory ; memory ; segment]
-
 
 # Copied from model_xl.py (rel_shift)
 def rel_shift(x):
@@ -419,364 +753,3 @@ def rel_shift(x):
     x_padded = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1)    # (B, H, T, K+1)
     x_padded = x_padded.view(B, H, K + 1, T)
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
-
-
-# Copied from model_xl.py (RelMultiHeadAttn) with forward(..., attn_mask) -> forward(..., attn_mask, need_usage),
-# which also returns the queries (Algorithm 2 reuses them) and the attention mass each key received (most_used;
-# manual path), and keys_values_sg added
-class RelMultiHeadAttn(nn.Module):
-    """model_xl.py's attention with relative positions (§3.3 of Dai et al.) plus what Algorithm 2 and most_used need."""
-
-    # Copied from model_xl.py (RelMultiHeadAttn.__init__)
-    def __init__(self, config):
-        super().__init__()
-        C, H, D = config.n_embd, config.n_head, config.d_head
-        self.n_head, self.d_head = H, D
-        self.q_net = nn.Linear(C, H * D, bias=False)         # W_q
-        self.kv_net = nn.Linear(C, 2 * H * D, bias=False)    # W_{k,E} and W_v
-        self.r_net = nn.Linear(C, H * D, bias=False)         # W_{k,R}: the relative embeddings' own key projection
-        self.o_net = nn.Linear(H * D, C, bias=False)
-        self.layer_norm = nn.LayerNorm(C)
-        self.drop = nn.Dropout(config.dropout)
-        self.dropatt = nn.Dropout(config.dropatt)
-        self.dropatt_p = config.dropatt
-        self.scale = 1.0 / math.sqrt(D)
-        self.pre_lnorm = config.pre_lnorm
-        self.use_sdpa = config.use_sdpa
-
-    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
-    def keys_values(self, h):
-        """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
-        position alone (positions enter only through R), so the memory's can be computed once and cached."""
-        B, S, _ = h.shape
-        if self.pre_lnorm:
-            h = self.layer_norm(h)
-        kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
-        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
-
-    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
-    def project_positions(self, r):
-        """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
-        return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
-
-    def keys_values_sg(self, m):
-        """keys_values(m) with every weight under stop-gradient (Algorithm 2, line 5): only m's maker learns."""
-        B, S, C = m.shape
-        if self.pre_lnorm:
-            ln = self.layer_norm
-            m = F.layer_norm(m, (C,), ln.weight.detach(), ln.bias.detach(), ln.eps)
-        kv = F.linear(m, self.kv_net.weight.detach()).view(B, S, 2, self.n_head, self.d_head)
-        return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
-
-    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
-        """h (B, T, C): this segment's layer input; mem_kv: keys and values (B, H, S, D) of the S earlier positions
-        ([cm ; m], line 5); r (K, C): R for distances K-1, ..., 0 (K = S + T), or W_{k,R} R (H, K, D) already
-        projected (generate() projects once a segment, not once a token); r_w_bias, r_r_bias (H, D): u and v;
-        attn_mask (B, 1, T, K): True where query i may attend key j; need_usage: also the attention mass each key
-        received (manual path, for most_used). Returns the layer's output (B, T, C), the keys and values (B, H, K, D)
-        of all K positions, the queries (B, H, T, D) and the usage (B, K) or None."""
-        B, T, C = h.shape
-        H, D = self.n_head, self.d_head
-        x = self.layer_norm(h) if self.pre_lnorm else h
-        q = self.q_net(x).view(B, T, H, D).transpose(1, 2)       # (B, H, T, D)
-        k_new, v_new = self.keys_values(h)
-        k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)   [SG(cm ; m) ∘ h] W_{k,E}
-        v = torch.cat([mem_kv[1], v_new], dim=2)                  # (B, H, K, D)
-        r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)      W_{k,R} R
-
-        # terms (b) + (d): (q_i + v) · W_{k,R} R_{i-j}, computed for every distance then rel-shifted into place
-        BD = torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k)   # (B, H, T, K), column c = distance K-1-c
-        BD = rel_shift(BD)                                                # (B, H, T, K), column j = key j
-        q_u = q + r_w_bias[:, None]                                       # terms (a) + (c): (q_i + u) · k_j
-
-        usage = None
-        if self.use_sdpa and not need_usage:
-            # SDPA computes softmax(q_u k^T * scale + bias); the positional terms ride in the additive bias.
-            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
-            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
-                                                      dropout_p=self.dropatt_p if self.training else 0.0)
-        else:
-            AC = torch.einsum('bhid,bhjd->bhij', q_u, k)                  # (B, H, T, K)
-            score = (AC + BD) * self.scale                                # A^rel / sqrt(d)
-            score = score.masked_fill(~attn_mask, float('-inf'))
-            prob = F.softmax(score.float(), dim=-1)
-            if need_usage:
-                usage = prob.detach().mean(1).sum(1)                      # (B, K) mass per key, mean over heads
-            prob = self.dropatt(prob.to(v.dtype))
-            attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
-
-        attn_out = self.drop(self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)
-        out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)
-        return out, (k, v), q, usage
-
-
-# Copied from model_xl.py (Block) with f_c (compress) and g (decoder, autoencoding only) added per layer, and
-# need_usage passed through to the attention, whose queries and usage it returns
-class Block(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.attn = RelMultiHeadAttn(config)
-        self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
-        if config.cmem_len > 0:
-            self.compress = Compression(config)                   # f_c^{(i)}
-            if config.recon_loss == 'autoencoding':               # g: one compressed memory -> c memories
-                self.decoder = nn.Linear(config.n_embd, config.compression_rate * config.n_embd)
-
-    def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage=False):
-        h, kv, q, usage = self.attn(h, mem_kv, r, r_w_bias, r_r_bias, attn_mask, need_usage)
-        return self.ff(h), kv, q, usage
-
-
-# -----------------------------------------------------------------------------------------------------------
-# The auxiliary compression losses (§3.2)
-
-
-def content_attention(q, k, v, key_valid, scale):
-    """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions, from
-    the queries q = hQ (B, H, T, D) and the keys mK and values mV (B, H, S, D), key_valid (B, S). -> (B, H, T, D)"""
-    key_valid = key_valid | ~key_valid.any(1, keepdim=True)      # a row with nothing to compress: no NaN (unused)
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        # the target (all SG): one fused kernel, about 2x the explicit form below on CPU (bench/README.md, issue 20)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None, :], scale=scale)
-    # the prediction: explicit, as the fused kernel's backward would also compute the unused gradient of q (SG).
-    # The scale and the mask go into the product (its bias): one pass over the scores instead of three.
-    B, H, T, D = q.shape
-    S = k.size(2)
-    bias = q.new_zeros(B, 1, 1, S).masked_fill_(~key_valid[:, None, None, :], float('-inf'))
-    score = torch.baddbmm(bias.expand(B, H, 1, S).reshape(B * H, 1, S), q.reshape(B * H, T, D),
-                          k.reshape(B * H, S, D).transpose(1, 2), alpha=scale)                 # (B*H, T, S)
-    p = F.softmax(score.float(), dim=-1).to(v.dtype)
-    return torch.bmm(p, v.reshape(B * H, S, D)).view(B, H, T, D)
-
-
-def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
-    """f_c's local loss (§3.2), summed over layers (Algorithm 2, line 8) and averaged over the rows that compressed
-    something in this segment; only f_c learns from it. compressed: line 9 of this segment; qkv: per layer, the
-    queries (B, H, T, D) and the keys and values (B, H, n_cm + n_m + T, D) of [cm ; m ; h] of its forward.
-      attention     Algorithm 2: ‖attn(h, old_mem) − attn(h, new_cm)‖²
-      autoencoding  ‖old_mem − g(new_cm)‖², g the layer's decoder"""
-    old_mem, n_new, new_cm = compressed
-    L, B, G, rate, C = old_mem.shape
-    real = right_aligned(G, n_new)                                # (B, G) real groups
-    rows = (n_new > 0).float()
-    total = 0.0
-    for n, layer in enumerate(layers):
-        if kind == 'attention':
-            # the forward's projections, detached, are SG(h)SG(Q), SG(old_mem)SG(K), SG(old_mem)SG(V) (lines 3-5):
-            # old_mem, the first T of [m ; h] (line 8), has keys n_cm ... n_cm+T, of which the last n_new·c are real
-            q, k, v = (x.detach() for x in qkv[n])
-            T = q.size(2)
-            old = slice(n_cm, n_cm + T)
-            target = content_attention(q, k[:, :, old], v[:, :, old], right_aligned(T, n_new * rate), layer.attn.scale)
-            prediction = content_attention(q, *layer.attn.keys_values_sg(new_cm[n]), real, layer.attn.scale)
-            error = (target - prediction).float().pow(2).mean((1, 2, 3))
-        else:
-            decoded = layer.decoder(new_cm[n]).view(B, G, rate, C)
-            error = ((old_mem[n] - decoded).float().pow(2) * real[:, :, None, None]).sum((1, 2, 3))
-            error = error / (n_new * rate * C).clamp(min=1)
-        total = total + (error * rows).sum() / rows.sum().clamp(min=1)
-    return total
-
-
-def compression_flops(config, f_c):
-    """Training FLOPs of f_c and its loss per layer and segment (Model.flops_per_token), 2 a multiply-add (norms,
-    softmax, pooling not counted), with a full memory: the T = seg_len evicted states make G = T/c slots. Gradients
-    flow to f_c only where it has weights and a local loss (recon_loss='none' trains it through time, which needs
-    train.py's --bptt_segments > 1: not counted)."""
-    T, C, HD, c = config.seg_len, config.n_embd, config.n_head * config.d_head, config.compression_rate
-    G = T // c
-    forward, backward = f_c.macs_per_slot()             # (0, 0) for pooling and most_used: nothing to learn
-    grad = 2 if backward > 0 and config.recon_loss != 'none' else 0   # FLOPs a multiply-add of a gradient to f_c
-    flops = G * (2 * forward + grad * backward)         # f_c
-    if config.recon_loss == 'autoencoding':
-        flops += (2 + 2 + grad) * G * c * C * C         # g: forward, weight gradient, gradient to new_cm
-    elif config.recon_loss == 'attention':              # Algorithm 2, the T queries' content attention:
-        flops += 2 * 2 * T * T * HD                     # over old_mem (T keys), q·k and p·v: forward only (all SG)
-        flops += (2 + grad) * 2 * G * C * HD            # new_cm's keys and values (weights SG): gradient to new_cm
-        flops += (2 * 2 + 3 * grad) * T * G * HD        # over new_cm: q·k, p·v; backward dp, dk, dv (q is SG)
-    return flops
-
-
-# -----------------------------------------------------------------------------------------------------------
-# The model
-
-
-class Model(nn.Module):
-    # Copied from model_xl.py (Model.__init__)
-    def __init__(self, config: Config):
-        super().__init__()
-        self.config = config
-        C, H, D = config.n_embd, config.n_head, config.d_head
-        self.word_emb = ScaledEmbedding(config.vocab_size, C)
-        self.pos_emb = PositionalEmbedding(C)
-        self.drop = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
-        n_bias = config.n_layer if config.untie_r else 1
-        self.r_w_bias = nn.Parameter(torch.empty(n_bias, H, D))   # u, per layer (untie_r) or shared
-        self.r_r_bias = nn.Parameter(torch.empty(n_bias, H, D))   # v
-        self.ln_f = nn.LayerNorm(C) if config.pre_lnorm else nn.Identity()
-        self.apply(self._init_weights)
-        nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
-        nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
-
-    # Copied from model_xl.py (Model._init_weights) with nn.Linear->(nn.Linear, nn.Conv1d): f_c's convolutions too
-    def _init_weights(self, module):
-        # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
-        # LayerNorm gains N(1, init_std).
-        std = self.config.init_std
-        if isinstance(module, (nn.Linear, nn.Conv1d)):
-            nn.init.normal_(module.weight, 0.0, std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, ScaledEmbedding):
-            nn.init.normal_(module.weight, 0.0, std)
-        elif isinstance(module, nn.LayerNorm):
-            nn.init.normal_(module.weight, 1.0, std)
-            nn.init.zeros_(module.bias)
-
-    # --- memory -------------------------------------------------------------------------------------------
-
-    def init_memory(self, batch_size, device, mem_len=None):
-        """Empty memory for batch_size fresh streams (Algorithm 1, lines 1-2); mem_len overrides n_m, not n_cm."""
-        L, B, C, n_cm = self.config.n_layer, batch_size, self.config.n_embd, self.config.cmem_len
-        n_m = self.config.mem_len if mem_len is None else mem_len
-        zeros = partial(torch.zeros, device=device, dtype=self.word_emb.weight.dtype)   # float32 under autocast
-        return Memory(cmem=zeros(L, B, n_cm, C), cmem_length=zeros(B, dtype=torch.long), mem=zeros(L, B, n_m, C),
-                      mem_length=zeros(B, dtype=torch.long), attn_mass=zeros(L, B, n_m), attn_queries=zeros(B, n_m))
-
-    def reset_memory(self, memory, mask):
-        """Empty both memories of the rows where mask (B,) is True, e.g. at a document boundary."""
-        keep = (~mask).to(memory.mem.dtype)
-        return Memory(cmem=memory.cmem * keep[None, :, None, None], cmem_length=memory.cmem_length * ~mask,
-                      mem=memory.mem * keep[None, :, None, None], mem_length=memory.mem_length * ~mask,
-                      attn_mass=memory.attn_mass * keep[None, :, None], attn_queries=memory.attn_queries * keep[:, None])
-
-    # --- attention geometry, shared by forward and generate (as model_xl.py) ----------------------------------
-
-    # Copied from model_xl.py (Model._relative_positions)
-    def _relative_positions(self, K, device):
-        """R for the distances K-1, ..., 0 (clamped at clamp_len), with dropout as in the paper's code."""
-        pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
-        if self.config.clamp_len > 0:
-            pos_seq = pos_seq.clamp(max=self.config.clamp_len)
-        return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
-
-    # Copied from model_xl.py (Model._attn_mask)
-    def _attn_mask(self, key_valid, T, mem_len):
-        """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
-        Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
-        same_length, (S + i) - j < mem_len, so every query sees the same number of keys. -> (B, 1, T, K)"""
-        S = key_valid.size(1) - T
-        i = torch.arange(T, device=key_valid.device)[:, None]
-        j = torch.arange(S + T, device=key_valid.device)[None, :]
-        distance = S + i - j                                      # (T, K)
-        allowed = distance >= 0                                   # causal
-        if self.config.same_length:
-            allowed = allowed & (distance < max(mem_len, 1))
-        return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
-
-    # Copied from model_xl.py (Model._u_v)
-    def _u_v(self, i):
-        n = i if self.config.untie_r else 0
-        return self.r_w_bias[n], self.r_r_bias[n]
-
-    # --- forward ------------------------------------------------------------------------------------------
-
-    def forward(self, idx, memory, targets=None):
-        """idx: (B, T) tokens, T <= seg_len. -> logits, LM loss + recon_weight * reconstruction loss, new_memory, aux"""
-        config = self.config
-        B, T = idx.shape
-        if T > config.seg_len:
-            raise ValueError(f"segment of {T} tokens is longer than seg_len={config.seg_len}")
-        mem = torch.cat([memory.cmem, memory.mem], dim=2)         # (L, B, S, C) concat(cm, m), line 5
-        S = mem.size(2)
-        key_valid = torch.cat([memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)  # (B, S+T)
-        attn_mask = self._attn_mask(key_valid, T, S)              # (B, 1, T, S+T); window cmem_len + mem_len
-        r = self._relative_positions(S + T, idx.device)           # (S+T, C)
-        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
-
-        h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^(1) (line 3)
-        hids, qkv, usage = [], [], []
-        for n, layer in enumerate(self.layers):                   # line 4
-            hids.append(h)                                        # layer n's input: its memory to be
-            mem_kv = layer.attn.keys_values(mem[n])               # (B, H, S, D) x2, keys/values of concat(cm, m)
-            h, (k, v), q, layer_usage = layer(h, mem_kv, r, *self._u_v(n), attn_mask, need_usage)   # lines 6-7, 12
-            qkv.append((q, k, v))                                 # Algorithm 2 reuses them
-            usage.append(layer_usage)
-        logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)   # (B, T, V), tied output layer
-
-        usage = Usage(torch.stack(usage), attn_mask.sum((1, 2)).to(memory.attn_queries.dtype)) if need_usage else None
-        new_memory, compressed = update_memory(memory, torch.stack(hids), usage, self.layers, config.compression_rate,
-                                               keep_graph=config.recon_loss == 'none' and self.training)   # BPTT f_c
-        loss, aux = None, {}
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
-            aux['lm_loss'] = loss.detach()
-            if compressed is not None and config.recon_loss != 'none':
-                recon_loss = reconstruction_loss(config.recon_loss, self.layers, compressed, qkv, config.cmem_len)
-                aux['recon_loss'] = recon_loss.detach()
-                loss = loss + config.recon_weight * recon_loss
-            elif compressed is not None and self.training:
-                # recon_loss='none': only the LM loss trains f_c, through time (§3.2, Table 5's "BPTT"; keep_graph).
-                # Where none reaches it (--bptt_segments=1, a filling memory) DDP still waits: f_c joins with weight 0.
-                loss = loss + 0.0 * sum(p.sum() for layer in self.layers for p in layer.compress.parameters())
-        return logits, loss, new_memory, aux
-
-    # --- bookkeeping for train.py -------------------------------------------------------------------------
-
-    # Copied from model_xl.py (Model.num_params)
-    def num_params(self):
-        return sum(p.numel() for p in self.parameters())
-
-    def flops_per_token(self, mem_len=None):
-        """Training FLOPs (forward + backward) per token, for MFU: model_xl.py's count (its docstring) over cmem_len +
-        mem_len memory keys, plus f_c and its loss once per compressed slot (compression_flops), not once per token."""
-        c = self.config
-        matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but f_c's
-                       if name.endswith('weight') and p.dim() > 1           # and g's (biases, norms, u and v take
-                       and '.compress.' not in name and '.decoder.' not in name)   # none)
-        S = (c.mem_len if mem_len is None else mem_len) + c.cmem_len
-        T, K, C, HD = c.seg_len, S + c.seg_len, c.n_embd, c.n_head * c.d_head
-        weights = 6 * (matrices - c.n_layer * C * HD)             # every other weight but W_{k,R}, once a token
-        attention = 6 * 3 * c.n_layer * HD * K                    # (a)+(c), (b)+(d) and the values, over K keys
-        memory = 4 * c.n_layer * S * C * 2 * HD / T               # [SG(cm) ; SG(m)]'s keys and values
-        compression = c.n_layer * compression_flops(c, self.layers[0].compress) / T if c.cmem_len > 0 else 0
-        return weights + attention + memory + compression
-
-    # --- generation ---------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens; memory (optional): what came before idx; callback as decode.
-        The open segment caches keys, values, layer inputs and usage; closing it runs update_memory, as forward()."""
-        config = self.config
-        if memory is None:
-            memory = self.init_memory(idx.size(0), idx.device)
-        S = config.cmem_len + memory.mem.size(2)
-        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
-        seg = None                                                      # the open segment, None until its first token
-
-        def step(tokens, closes_segment):
-            nonlocal memory, seg
-            if seg is None:                                             # a segment opens on the memory
-                seg = open_segment(memory, self.layers, self._relative_positions(S + config.seg_len, idx.device),
-                                   need_usage)
-            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(tokens.shape)], dim=1)
-            K = seg.key_valid.size(1)
-            attn_mask = self._attn_mask(seg.key_valid, tokens.size(1), S)
-            h = self.drop(self.word_emb(tokens))
-            for n, layer in enumerate(self.layers):
-                seg.hids[n].append(h)
-                h, seg.kv[n], _, layer_usage = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._u_v(n), attn_mask,
-                                                     need_usage)
-                if need_usage:
-                    seg.usage.mass[n, :, :K] += layer_usage
-            if need_usage:
-                seg.usage.queries[:, :K] += attn_mask.sum((1, 2))
-            if closes_segment:                                          # it becomes the memory, as in forward()
-                hids = torch.stack([torch.cat(pieces, dim=1) for pieces in seg.hids])   # (L, B, seg_len, C)
-                memory, _ = update_memory(memory, hids, seg.usage, self.layers, config.compression_rate)
-                seg = None
-            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)  # (B, V) logits of the last position
-
-        return decode(step, idx, max_new_tokens, config.seg_len, temperature, top_k, callback)
