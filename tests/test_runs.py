@@ -112,11 +112,13 @@ def test_a_second_live_run_in_the_same_out_dir_is_refused(data_dir, tmp_path, ca
     holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time; f = open(sys.argv[1], "a"); '
                                'fcntl.flock(f, fcntl.LOCK_EX); print("held", flush=True); time.sleep(600)',
                                str(out_dir / 'lock')], stdout=subprocess.PIPE, text=True)
-    assert holder.stdout.readline() == 'held\n'
-    code, _, err = run_main(flags(data_dir, out_dir), capsys)
-    assert code == 2 and 'another run is using' in err
-    holder.kill()
-    holder.wait()
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        code, _, err = run_main(flags(data_dir, out_dir), capsys)
+        assert code == 2 and 'another run is using' in err
+    finally:
+        holder.kill()
+        holder.wait()
     assert train.train(flags(data_dir, out_dir, max_iters=1))['step'] == 1
     assert train.train(flags(data_dir, out_dir, max_iters=2, init_from='resume'))['step'] == 2   # released at the end
 
