@@ -28,8 +28,7 @@ class Config(model_infini.Config):
 
 
 class ScaledFeatureAttention(model_infini.InfiniAttention):
-    """The paper's Infini-attention whose memory reads and writes σ(s x). feature_scale is s (bench/diagnose.py
-    reads it)."""
+    """The paper's Infini-attention whose memory reads and writes σ(s x), s = feature_scale."""
     feature_scale = 1.0
 
     def features(self, x):

@@ -48,7 +48,7 @@ def test_scale_one_is_the_paper_model_bit_for_bit_and_three_is_not(rule):
 
 
 def test_attention_exposes_its_feature_scale():
-    """bench/diagnose.py reads attn.feature_scale of every layer."""
+    """Every layer's attention says its s (a checkpoint's reader need not reparse the config)."""
     model = make_probe(feature_scale=2.5)
     assert [layer.attn.feature_scale for layer in model.layers] == [2.5, 2.5]
 
