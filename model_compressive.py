@@ -161,13 +161,9 @@ class Compression(nn.Module):
         if self.kind == 'most_used':
             return self._most_used(groups, n_new, usage)
         B, G, c, C = groups.shape
+        x = groups.reshape(B * G, c, C).transpose(1, 2)          # (B*G, C, c), channels first
         if self.kind == 'conv':
-            # Conv1d with kernel = stride = c over one group of c is one matrix product over the group's c·C values:
-            # the same weights, (C_out, C_in, c) read as (C_out, c·C_in). F.linear runs it ~3x faster than the CPU
-            # conv1d kernel, forward and backward (issue 20).
-            weight = self.conv.weight.permute(0, 2, 1).reshape(C, c * C)
-            return F.linear(groups.reshape(B, G, c * C), weight, self.conv.bias)   # (B, G, C)
-        x = groups.reshape(B * G, c, C).transpose(1, 2)          # dilated_conv: (B*G, C, c), channels first
+            return self.conv(x).reshape(B, G, C)                  # (B*G, C, 1) -> (B, G, C)
         x = F.pad(x, (self.width - c, 0))                         # (B*G, C, 2^levels), zeros before the group
         for level, conv in enumerate(self.convs):
             x = conv(x)                                           # length shrinks by the dilation 2^level
@@ -308,8 +304,9 @@ def content_attention(q, k, v, key_valid, scale):
     """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions, from
     the queries q = hQ (B, H, T, D) and the keys mK and values mV (B, H, S, D), key_valid (B, S). -> (B, H, T, D)"""
     key_valid = key_valid | ~key_valid.any(1, keepdim=True)      # a row with nothing to compress: no NaN (unused)
+    # two paths: a training step 1.07-1.14x faster (eager, bench/speed.py's matched size, bytes) than SDPA in both
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        # the target (all SG): one fused kernel, about 2x the explicit form below on CPU (bench/README.md, issue 20)
+        # the target (all SG): one fused kernel, about 2x the explicit form below on CPU
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None, :], scale=scale)
     # the prediction: explicit, as the fused kernel's backward would also compute the unused gradient of q (SG).
     # The scale and the mask go into the product (its bias): one pass over the scores instead of three.
