@@ -536,7 +536,8 @@ def test_generate_logits_equal_forward_logits(rule, monkeypatch):
     model = make_model(seg_len=seg, memory_update=rule, init_std=0.5)
     spread_gates(model)
     seen = []
-    monkeypatch.setattr(model_infini, 'sample_next', lambda logits, *a: (seen.append(logits), logits.argmax(-1, True))[1])
+    greedy = lambda logits, *a: (seen.append(logits), logits.argmax(-1, True))[1]   # noqa: E731
+    monkeypatch.setattr(model_infini, 'sample_next', greedy)
     prompt = tokens(2, 5, seed=8)
     out = model.generate(prompt, 10, temperature=0.0)
     with torch.no_grad():
