@@ -41,17 +41,17 @@ class Config:
     n_layer: int = 16
     n_head: int = 10
     n_embd: int = 410         # d_model (the e of the paper's B ∈ R^{N×e})
-    d_head: int = 41
-    d_inner: int = 2100
-    dropout: float = 0.1
-    dropatt: float = 0.0
+    d_head: int = 41          # per-head width, of the STM and the LTM attention
+    d_inner: int = 2100       # position-wise feed-forward width
+    dropout: float = 0.1      # on embeddings, attention output, feed-forward, final hidden states
+    dropatt: float = 0.0      # on the STM attention's probabilities
     seg_len: int = 150        # tokens per segment (L); also how many vectors can leave the STM per step
     mem_len: int = 150        # short-term memory (STM) positions per layer
     clamp_len: int = 0        # relative distances above this share one embedding; 0 = no clamp
-    pre_lnorm: bool = False
-    untie_r: bool = True
-    init_std: float = 0.02
-    use_sdpa: bool = True
+    pre_lnorm: bool = False   # False: post-LN as Transformer-XL; True: pre-LN (+ final LayerNorm)
+    untie_r: bool = True      # True: u, v (r_w_bias, r_r_bias) per layer; False: one pair shared
+    init_std: float = 0.02    # normal init of weights, as the authors' code
+    use_sdpa: bool = True     # F.scaled_dot_product_attention for the STM; False: written out
     ltm: bool = True                 # False: no LTM term (the STM-only comparison; keeps the weights)
     n_basis: int = 150               # N Gaussian RBFs: centres evenly over [0, 1] crossed with the widths
     basis_widths: str = '0.005,0.01'  # σ_j of the RBFs: {0.005, 0.01} for LM, {0.01, 0.05} for sorting

@@ -10,7 +10,8 @@ are in lab/LOG.md.
   - mu_readout='pointer': μ is the basis centres averaged under softmax(scores) instead of Eq. 9's
     sigmoid(affine(scores)): a μ that can point at one token.
   - sigma_sq_anneal='CAP0,CAP1,S0,S1': σ² is capped on a schedule that narrows from wide to sharp over training:
-    does a read that starts wide find a token once it narrows?
+    does a read that starts wide find a token once it narrows? Its count of training segments is a buffer that a
+    training forward moves (in the state dict, so resume goes on): that forward is not a function of (tokens, memory).
   - ltm_read='discrete': softmax attention over the signal X̄(m/M) at the M = n_samples points instead of the
     Gaussian read (Eqs. 9-11): every point gets a gradient; it tells the read's limits from the write's.
 """
