@@ -77,9 +77,10 @@ def run_one(cfg, variant, seed, max_iters):
     out_dir = Path(cfg.out_dir) / f'{variant}_s{seed}'
     if (record := final_eval(out_dir, max_iters)) is None:
         out_dir.mkdir(parents=True, exist_ok=True)
+        resume = ['--init_from=resume'] if (out_dir / 'ckpt.pt').exists() else []     # an unfinished run goes on
         env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-        with open(out_dir / 'stdout.txt', 'w') as f:
-            code = subprocess.run([sys.executable, 'train.py'] + args, cwd=train.REPO, env=env, stdout=f,
+        with open(out_dir / 'stdout.txt', 'a') as f:
+            code = subprocess.run([sys.executable, 'train.py'] + args + resume, cwd=train.REPO, env=env, stdout=f,
                                   stderr=subprocess.STDOUT).returncode
         if code != 0:
             tail = (out_dir / 'stdout.txt').read_text().strip().splitlines()[-1:]

@@ -275,3 +275,7 @@ def test_compression_bench_runs_each_variant_and_resumes(bytes_dir, tmp_path):
     logs = {p: p.read_bytes() for p in (tmp_path / 'runs').glob('*/log.jsonl')}
     compression.main(argv)
     assert {p: p.read_bytes() for p in logs} == logs
+    compression.main(argv + ['--variants=none', '--max_iters=5'])       # an unfinished run resumes its checkpoint
+    steps = [json.loads(line)['step'] for line in (tmp_path / 'runs' / 'none_s1' / 'log.jsonl').read_text().splitlines()]
+    assert steps[0] == 3 and steps[-1] == 5 and torch.load(tmp_path / 'runs' / 'none_s1' / 'ckpt.pt',
+                                                            weights_only=True)['step'] == 5
