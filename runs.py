@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from configurator import UserError, import_model
+from configurator import UserError, available_models, import_model
 
 CKPT_FORMAT = 'nanomem-checkpoint-1'
 MODEL_KEYS = ('model_name', 'model_config', 'model')                   # enough to rebuild the model (sample.py)
@@ -165,7 +165,7 @@ def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
     unknown = set(ckpt['model_config']) - known
     if unknown:
         raise UserError(f"{path} has config fields {sorted(unknown)} that model_{ckpt['model_name']}.py "
-                        f"does not know (written by another version)")
+                        f"does not know (written by another version{moved_to_lab(unknown)})")
     try:
         config = module.Config(**{**ckpt['model_config'], **(overrides or {})})
     except ValueError as e:
@@ -182,6 +182,17 @@ def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
         raise UserError(f"{path}: the weights do not fit this model_{ckpt['model_name']}.py config: {problem}")
     model.load_state_dict(ckpt['model'])
     return module, config, model
+
+
+def moved_to_lab(fields):
+    """'; ... --model=NAME ...' where a lab/ model's Config now holds these fields (a probe that left a paper's
+    model file), else ''."""
+    for name in available_models():
+        module = import_model(name)
+        if module.__name__.startswith('lab.') and fields <= {f.name for f in dataclasses.fields(module.Config)}:
+            return (f"; {', '.join(sorted(fields))} left the paper's file for lab/model_{name}.py: retrain with "
+                    f"--model={name}, or load it with the commit that wrote it")
+    return ''
 
 
 # -----------------------------------------------------------------------------------------------------------
