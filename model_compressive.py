@@ -304,19 +304,7 @@ def content_attention(q, k, v, key_valid, scale):
     """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions, from
     the queries q = hQ (B, H, T, D) and the keys mK and values mV (B, H, S, D), key_valid (B, S). -> (B, H, T, D)"""
     key_valid = key_valid | ~key_valid.any(1, keepdim=True)      # a row with nothing to compress: no NaN (unused)
-    # two paths: a training step 1.07-1.14x faster (eager, bench/speed.py's matched size, bytes) than SDPA in both
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        # the target (all SG): one fused kernel, about 2x the explicit form below on CPU
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None, :], scale=scale)
-    # the prediction: explicit, as the fused kernel's backward would also compute the unused gradient of q (SG).
-    # The scale and the mask go into the product (its bias): one pass over the scores instead of three.
-    B, H, T, D = q.shape
-    S = k.size(2)
-    bias = q.new_zeros(B, 1, 1, S).masked_fill_(~key_valid[:, None, None, :], float('-inf'))
-    score = torch.baddbmm(bias.expand(B, H, 1, S).reshape(B * H, 1, S), q.reshape(B * H, T, D),
-                          k.reshape(B * H, S, D).transpose(1, 2), alpha=scale)                 # (B*H, T, S)
-    p = F.softmax(score.float(), dim=-1).to(v.dtype)
-    return torch.bmm(p, v.reshape(B * H, S, D)).view(B, H, T, D)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_valid[:, None, None, :], scale=scale)
 
 
 def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
@@ -361,7 +349,7 @@ def compression_flops(config, f_c):
     elif config.recon_loss == 'attention':              # Algorithm 2, the T queries' content attention:
         flops += 2 * 2 * T * T * HD                     # over old_mem (T keys), q·k and p·v: forward only (all SG)
         flops += (2 + grad) * 2 * G * C * HD            # new_cm's keys and values (weights SG): gradient to new_cm
-        flops += (2 * 2 + 3 * grad) * T * G * HD        # over new_cm: q·k, p·v; backward dp, dk, dv (q is SG)
+        flops += (2 * 2 + 4 * grad) * T * G * HD        # over new_cm: q·k, p·v; backward dp, dk, dv, unused dq
     return flops
 
 

@@ -130,23 +130,6 @@ def look_ahead_mask(memory, W):
     return (right & (unseen & valid)[:, None])[:, None]          # (B, 1, M, W)
 
 
-class SoftmaxLSE(torch.autograd.Function):
-    """softmax(score) and its log-sum-exp log s from one softmax: max p = 1/s, so log s = max(score) - log max(p),
-    and ∂ log s/∂score = p. One exp over (B, H, Q, K) where softmax and logsumexp take three: 1.08-1.11x a training
-    step in eager at bench/speed.py's matched size, bytes (A/B against torch.softmax + torch.logsumexp)."""
-
-    @staticmethod
-    def forward(ctx, score):
-        prob = torch.softmax(score, dim=-1)
-        ctx.save_for_backward(prob)
-        return prob, score.amax(-1) - prob.amax(-1).log()
-
-    @staticmethod
-    def backward(ctx, grad_prob, grad_lse):
-        prob, = ctx.saved_tensors
-        return prob * (grad_prob - (grad_prob * prob).sum(-1, keepdim=True) + grad_lse[..., None])
-
-
 def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
     """Memory interpolation (§3.2): C^↔ = α sg(C^←) + (1 - α) C^→, α = sg(s^←) / (sg(s^←) + s^→ + ε), from the log-sum-
     exps less their max (the authors' code). old_vec, new_vec (B, H, M, D); old_lse, new_lse (B, H, M) -> C^↔, log s."""
@@ -216,7 +199,7 @@ class LookAheadAttn(nn.Module):
         """softmax(score) v with the log-sum-exp of every row (log s). score: (B, H, Q, K) already scaled; mask:
         (B, 1, Q, K) True where allowed; v: (B, H, K, D). -> (B, H, Q, D) and (B, H, Q) in float32 or wider."""
         score = score.to(torch.promote_types(score.dtype, torch.float32)).masked_fill(~mask, float('-inf'))
-        prob, lse = SoftmaxLSE.apply(score)                       # (B, H, Q, K), (B, H, Q)   log s
+        prob, lse = torch.softmax(score, dim=-1), torch.logsumexp(score, dim=-1)   # (B, H, Q, K), (B, H, Q) log s
         return torch.einsum('bhij,bhjd->bhid', self.dropatt(prob.to(v.dtype)), v), lse
 
     def forward(self, h, mem_kv, r, r_w_bias, r_r_bias, attn_mask):

@@ -840,9 +840,9 @@ def test_flops_per_token_counts_f_c_and_the_reconstruction_loss_by_hand():
     assert flops(recon_loss='none') - flops(recon_loss='none', compression='mean_pool') == 2048 * per_token
     # Algorithm 2: f_c's weight gradient (2048); the 4 queries over the 4 states of old_mem, q·k and p·v, forward
     # only: 2 * (2*4*4*16) = 1024; new_cm's keys and values, forward and gradient to new_cm: 4 * (2*2*16*16) = 4096;
-    # the queries over new_cm, q·k and p·v forward, dp, dk and dv backward (q is under stop-gradient):
-    # 5 * (2*4*2*16) = 1280
-    assert added(recon_loss='attention') == (2048 + 1024 + 4096 + 1280) * per_token
+    # the queries over new_cm, q·k and p·v forward, dp, dk and dv backward, and dq, which SDPA's backward computes
+    # though q is under stop-gradient: 6 * (2*4*2*16) = 1536
+    assert added(recon_loss='attention') == (2048 + 1024 + 4096 + 1536) * per_token
     # autoencoding: f_c's weight gradient (2048) and g (16 -> 2*16 on each slot), forward, weight gradient and
     # gradient to new_cm: 3 * (2*2*16*32) = 6144
     assert added(recon_loss='autoencoding') == (2048 + 6144) * per_token
