@@ -161,9 +161,11 @@ class Compression(nn.Module):
         if self.kind == 'most_used':
             return self._most_used(groups, n_new, usage)
         B, G, c, C = groups.shape
-        x = groups.reshape(B * G, c, C).transpose(1, 2)          # (B*G, C, c), channels first
-        if self.kind == 'conv':
-            return self.conv(x).reshape(B, G, C)                  # (B*G, C, 1) -> (B, G, C)
+        if self.kind == 'conv':   # Conv1d (kernel = stride = c) as one product over a group's c·C values, same weights:
+            # a training step 1.08x faster under torch.compile than self.conv (1.03x eager; speed.py's matched size)
+            weight = self.conv.weight.permute(0, 2, 1).reshape(C, c * C)
+            return F.linear(groups.reshape(B, G, c * C), weight, self.conv.bias)   # (B, G, C)
+        x = groups.reshape(B * G, c, C).transpose(1, 2)          # dilated_conv: (B*G, C, c), channels first
         x = F.pad(x, (self.width - c, 0))                         # (B*G, C, 2^levels), zeros before the group
         for level, conv in enumerate(self.convs):
             x = conv(x)                                           # length shrinks by the dilation 2^level
