@@ -378,6 +378,32 @@ def test_old_lookahead_checkpoint_is_a_one_line_error_that_says_what_to_do(tmp_p
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
 
 
+# Logits recorded from model_xl.py's LaMemo before it had its own file (Config(vocab_size=97, n_layer=2, n_head=2,
+# n_embd=16, d_head=8, d_inner=32, dropout=0, dropatt=0, seg_len=4, mem_len=6, init_std=0.5), torch.manual_seed(0),
+# float64, tokens(2, 11, seed=3) in segments of 4, 3, 4): a guard on the numerics across every rewrite since.
+RECORDED_CONFIG = dict(vocab_size=97, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0,
+                       dropatt=0.0, seg_len=4, mem_len=6, init_std=0.5)
+RECORDED_LAST_LOGITS = [[-0.8143934538756438, -0.4398698267519663, -0.42489028703130666, 2.058603095985096,
+                         1.1376662856702204, 1.231390110038821],
+                        [-1.8067896059905453, -0.2592564511581238, 1.898234545423904, -0.2234660454883674,
+                         0.6368992706314658, -0.37718144673822596]]
+
+
+def test_recorded_logits_are_unchanged():
+    """Same seed, same initialisation order, same computation: the logits LaMemo gave (hard-coded, float64) after
+    two refreshes, one with a 3-token window. A Transformer-XL twin gives others."""
+    torch.manual_seed(0)
+    model = Model(Config(**RECORDED_CONFIG)).to(F64).eval()
+    idx = tokens(2, 11, seed=3)
+    with torch.no_grad():
+        logits, _ = run_segments(model, idx, model.init_memory(2, 'cpu'), [4, 3, 4])
+        xl = xl_twin(model)
+        xl_logits, _ = run_segments(xl, idx, xl.init_memory(2, 'cpu'), [4, 3, 4])
+    expected = torch.tensor(RECORDED_LAST_LOGITS, dtype=F64)
+    assert_close(logits[:, -1, :6], expected, atol=1e-9, rtol=0)
+    assert differs(xl_logits[:, -1, :6], expected, atol=1e-3)
+
+
 def test_different_memory_gives_different_logits_and_mem_len_override():
     model = make_model(seg_len=4, mem_len=6)
     idx = tokens(2, 4)
