@@ -53,7 +53,7 @@ from runs import (CKPT_FORMAT, MODEL_KEYS, RESUME_KEYS, JsonLog, OutDir, Run, St
 @dataclass
 class TrainConfig:
     # what to train, on what, and where it goes
-    model: str = 'xl'                  # model_<model>.py: xl, compressive, infini, infformer
+    model: str = 'xl'                  # model_<model>.py: xl, lamemo, compressive, infini, infformer; or lab/'s
     dataset: str = 'gutenberg'         # data/<dataset>/ made by data/<dataset>/prepare.py
     data_dir: str = ''                 # '' = data/<dataset>
     out_dir: str = 'out'               # ckpt.pt (last), best.pt, log.jsonl
@@ -239,7 +239,8 @@ def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
         bar.close()
         signals.close()
         log.close()
-    say(f"done: step {state.step}, best {cfg.eval_split} loss {state.best_val_loss:.4f}, checkpoint in {out_dir}")
+    best = f"{state.best_val_loss:.4f}" if math.isfinite(state.best_val_loss) else "none yet (no evaluation)"
+    say(f"done: step {state.step}, best {cfg.eval_split} loss {best}, checkpoint in {out_dir}")
     finish_ddp(run.ddp, parts)
     return {'step': state.step, 'best_val_loss': state.best_val_loss, 'stopped_by': stopped_by}
 
