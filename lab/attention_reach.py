@@ -16,7 +16,7 @@ distances a..b-1, averaged over queries, heads and rows (per head in the JSON). 
 Beside it, 'uniform': the shares of a head that spreads its attention evenly over every key it can see (i + S + 1
 keys for query i), the reference for "looks locally" (shares above it at short distances) against "averages the
 whole window" (shares near it).
-Output: a table per layer, bench/results/attention_reach[_NAME].json.
+Output: a table per layer, lab/results/attention_reach[_NAME].json.
 """
 
 import dataclasses
@@ -33,6 +33,8 @@ import common  # noqa: E402
 import longdoc  # noqa: E402
 from common import train  # noqa: E402
 
+LAB_RESULTS = Path(__file__).resolve().parent / 'results'     # the lab's results, beside its LOG
+
 
 @dataclass
 class ReachConfig:
@@ -45,7 +47,7 @@ class ReachConfig:
     rows: int = 4                     # streams read in parallel
     warmup: int = -1                  # segments read before measuring (-1 = ceil(mem_len / seg_len): memory full)
     segments: int = 32                # segments measured per row
-    name: str = ''                    # bench/results/attention_reach_<name>.json
+    name: str = ''                    # lab/results/attention_reach_<name>.json
 
     def __post_init__(self):
         if self.rows < 1 or self.segments < 1 or self.warmup < -1 or self.eval_mem_len < -1:
@@ -136,7 +138,7 @@ def main(argv=None):
                 print(f'| {n} | ' + ' | '.join(f'{v:.3f}' for v in row) + ' |')
             result['labels'][label]['uniform'] = reads[0]['uniform']       # the same for every run of a label
             print('| uniform | ' + ' | '.join(f'{v:.3f}' for v in reads[0]['uniform']) + ' |')
-        out = common.RESULTS / (f'attention_reach_{cfg.name}.json' if cfg.name else 'attention_reach.json')
+        out = LAB_RESULTS / (f'attention_reach_{cfg.name}.json' if cfg.name else 'attention_reach.json')
         common.write_json(out, result, 'lab/attention_reach.py', argv)
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 

@@ -37,6 +37,8 @@ import model_infini as mi  # noqa: E402  (common puts the repository on sys.path
 import recall  # noqa: E402
 import train  # noqa: E402
 
+LAB_RESULTS = Path(__file__).resolve().parent / 'results'     # the lab's results, beside its LOG
+
 
 @dataclasses.dataclass
 class CapacityConfig:
@@ -54,7 +56,7 @@ class CapacityConfig:
     seg_len: int = recall.RECALL_SIZE['seg_len']
     assoc_pairs: int = 8
     seeds: str = '0,1,2'
-    out: str = str(common.RESULTS / 'infini_capacity.json')
+    out: str = str(LAB_RESULTS / 'infini_capacity.json')
 
     def __post_init__(self):
         for name in ('n_head', 'max_depth', 'steps', 'batch_size', 'eval_episodes', 'seg_len', 'assoc_pairs'):

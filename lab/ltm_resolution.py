@@ -32,6 +32,8 @@ import common  # noqa: E402
 import model_infformer as mif  # noqa: E402  (common puts the repository on sys.path)
 import train  # noqa: E402
 
+LAB_RESULTS = Path(__file__).resolve().parent / 'results'     # the lab's results, beside its LOG
+
 # the recall benchmark's LTM (bench/recall.py: RECALL_MEMORY n_basis 64 with the synthetic-task settings) and the LM
 # demo's (config/infformer_demo.py); seg_len is the LTM's L (vectors per write), n_samples its M
 SETTINGS = {
@@ -52,7 +54,7 @@ class ResolutionConfig:
     floors: str = '1e-4,1e-6'        # σ² floors of the sharpest read (Config.sigma_sq_min)
     dim: int = 64                    # dimension of the random vectors
     trials: int = 4
-    out: str = str(common.RESULTS / 'ltm_resolution.json')
+    out: str = str(LAB_RESULTS / 'ltm_resolution.json')
 
     def __post_init__(self):
         for name in ('depths', 'dim', 'trials'):

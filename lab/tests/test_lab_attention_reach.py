@@ -79,7 +79,7 @@ def test_end_to_end_and_errors(tmp_path, capsys):
         train.main(flags(data, tmp_path / name, model, max_iters=2))
     attention_reach.main([f'--runs=xl:{tmp_path / "xl"}', '--segments=4', '--rows=2', '--distances=8,16',
                           f'--name=test_{tmp_path.name}'])
-    out = attention_reach.common.RESULTS / f'attention_reach_test_{tmp_path.name}.json'
+    out = attention_reach.LAB_RESULTS / f'attention_reach_test_{tmp_path.name}.json'
     try:
         result = json.loads(out.read_text())
     finally:
