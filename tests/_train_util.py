@@ -109,3 +109,14 @@ def assert_identical(a, b, where='ckpt'):
             assert_identical(x, y, f'{where}[{i}]')
     else:
         assert a == b, (where, a, b)
+
+
+def run_main(argv, capsys):
+    """train.main in-process -> (exit code, stdout, stderr of this call only); user errors must exit with 2."""
+    import pytest
+    import train
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        train.main(argv)
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err

@@ -20,21 +20,13 @@ import torch
 import runs
 import train
 from _train_util import (ENV, ROOT, assert_identical, assert_one_line_error, flags, load, make_pattern_dataset,
-                         read_log, run_python)
+                         read_log, run_main, run_python)
 
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
     return make_pattern_dataset(tmp_path_factory.mktemp('data'), n_train=4000, n_eval=300)
 
-
-def run_main(argv, capsys):
-    """train.main in-process -> (exit code, stdout, stderr of this call only)."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        train.main(argv)
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 def comparable(ckpt):

@@ -28,7 +28,7 @@ import runs
 import train
 import _train_standin
 from _train_util import (ENV, ROOT, TINY_XL, assert_identical, assert_one_line_error, flags, load,
-                         make_pattern_dataset, pattern_tokens, read_log, run_python, write_dataset)
+                         make_pattern_dataset, pattern_tokens, read_log, run_main, run_python, write_dataset)
 
 
 STEPS = 80     # of the shared `trained` run
@@ -54,14 +54,6 @@ def copy_run(src, tmp_path):
     shutil.copytree(src, dst)
     return dst
 
-
-def run_main(argv, capsys):
-    """train.main in-process -> (exit code, stdout, stderr of this call); user errors must exit with 2."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exc:
-        train.main(argv)
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 # -----------------------------------------------------------------------------------------------------------
