@@ -25,7 +25,7 @@ Deviations and choices (also in the README):
   - M and z are kept and computed in float32 with autocast off: a bf16 sum over thousands of tokens loses most terms.
   - Post-LN as model_xl.py (`pre_lnorm` for pre-LN); GPT-2 BPE, scaled tied embeddings, N(0, init_std) init.
   - β's initialisation and learning rate are not given: `gate_init`, `gate_lr_mult` (see Model.lr_multipliers).
-  - σ is floored at SIGMA_FLOOR and has a hand-written backward (see Sigma).
+  - σ is floored at SIGMA_FLOOR (see sigma).
 
 Letters: B rows, T tokens of a segment (or of a generate() step), S tokens before them in the open segment, H heads,
 D = d_head, C = n_embd, L layers. tests/test_infini.py checks every layer against a per-token, per-head reference.
@@ -96,26 +96,11 @@ class OpenSegment:
 SIGMA_FLOOR = 1e-15   # σ's smallest value: σ(q)·z >= 1e-30 cannot underflow float32 (smallest normal 1.2e-38)
 
 
-class Sigma(torch.autograd.Function):
-    """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z.
-    Forward: relu(x) + exp(min(x, 0)), floored at SIGMA_FLOOR: F.elu(x) + 1 is exactly 0 in float32 below x ≈ -17,
-    and a query with every coordinate there would read 0/0 = NaN in Eq. 3.
-    Backward: dσ/dx = min(σ, 1), from the output alone (σ = 1e-15 below the floor, not 0). Autograd through the clamp
-    saves two bool masks, which inductor's CPU kernels store about 25x slower than eager (bench/README.md)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        out = F.relu(x) + torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0))
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        out, = ctx.saved_tensors
-        return grad * out.clamp(max=1.0)
-
-
-sigma = Sigma.apply
+def sigma(x):
+    """σ = ELU + 1 (Katharopoulos et al., 2020): positive, so every key adds a positive amount to z. Written
+    relu(x) + exp(min(x, 0)) and floored at SIGMA_FLOOR: F.elu(x) + 1 is exactly 0 in float32 below x ≈ -17, and a
+    query with every coordinate there would read 0/0 = NaN in Eq. 3."""
+    return F.relu(x) + torch.exp(x.clamp(min=math.log(SIGMA_FLOOR), max=0.0))
 
 
 def memory_retrieve(sigma_q, M, z, has_memory):
