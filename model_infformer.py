@@ -12,7 +12,7 @@ continuous long-term memory (LTM) of fixed size, however long the text.
        paid to each bin of [0, 1] (Eqs. 16-17), so the regions that were read keep more room.
   §3.4 A width-3 convolution gates the new vectors (Eq. 18); a KL term pulls every σ² toward σ₀² (Eqs. 20-21).
 Equations: arXiv v3's display equations, numbered; "the authors' code": github.com/deep-spin/infinite-former. Naive
-references: tests/test_infformer.py; ablations outside the paper: lab/model_infformer_probes.py.
+references: tests/test_infformer.py; the lab's ablations: lab/model_infformer_probes.py.
 
 Deviations (also in the README):
   - GPT-2 BPE tokens with a full tied softmax, as model_xl.py; the STM is model_xl.py's relative attention.

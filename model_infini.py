@@ -165,7 +165,7 @@ class InfiniAttention(nn.Module):
         self.pre_lnorm = config.pre_lnorm
 
     def features(self, x):
-        """σ of the memory's queries or keys (Eqs. 3-5); lab/model_infini_probes.py overrides it (outside the paper)."""
+        """σ of the memory's queries or keys (Eqs. 3-5); lab/model_infini_probes.py overrides it."""
         return sigma(x)
 
     def gate(self):
