@@ -1,5 +1,4 @@
-"""
-Compressive Transformer (Rae, Potapenko, Jayakumar, Lillicrap, ICLR 2020, "Compressive Transformers for
+"""Compressive Transformer (Rae, Potapenko, Jayakumar, Lillicrap, ICLR 2020, "Compressive Transformers for
 Long-Range Sequence Modelling", arXiv 1911.05507), in one file.
 
 Transformer-XL (model_xl.py) forgets a hidden state once it leaves its memory; the Compressive Transformer keeps it
@@ -7,20 +6,12 @@ in a second, coarser one. Per layer, m holds the last n_m = `mem_len` layer inpu
 n_cm = `cmem_len` compressed slots; the segment attends to [cm ; m ; h] with Transformer-XL's relative attention:
 n_cm + n_m keys reach c·n_cm + n_m positions back (§3.3). cmem_len = 0 is model_xl.py exactly (tested).
 
-Algorithm 1 (per layer i, segment h of n_s = `seg_len` tokens; its lines are cited in the code):
-    mem     = concat(cm_t, m_t)                          line 5
-    ã       = multihead_attention(h, mem)                line 6, relative positions as Transformer-XL
-    old_mem = m_t[:n_s]                                  line 8, the oldest memories, about to be forgotten
-    new_cm  = f_c(old_mem)                               line 9, n_s/c compressed slots, c = `compression_rate`
-    m_t+1   = concat(m_t, h)[-n_m:]                      line 10
-    cm_t+1  = concat(cm_t, new_cm)[-n_cm:]               line 11
-f_c (§3.2, `compression`): max_pool, mean_pool, conv (kernel = stride = c), dilated_conv, most_used. It learns
-from a local loss (§3.2, `recon_loss`): `attention` (Algorithm 2), `autoencoding`, or `none` (then from the LM
-loss through time, see Model.forward). Worked example of the memory update: the "Algorithm 1" section below.
-
-Fixed shapes (torch.compile compiles once): m and cm are right-aligned with a valid-slot count per row. seg_len and
-mem_len are multiples of c (as every paper setting), so a full segment evicts whole groups of c; otherwise f_c
-compresses ⌊n/c⌋ groups of the n states evicted and the oldest n mod c are forgotten.
+Algorithm 1, per layer, segment h of n_s = `seg_len` tokens (the code cites its lines): h attends to
+mem = concat(cm_t, m_t) (lines 5-6, relative positions as Transformer-XL); the oldest memories, old_mem = m_t[:n_s]
+(8), become new_cm = f_c(old_mem), n_s/c slots, c = `compression_rate` (9); m_t+1 = concat(m_t, h)[-n_m:] (10);
+cm_t+1 = concat(cm_t, new_cm)[-n_cm:] (11); worked example: the "Algorithm 1" section below. f_c (§3.2,
+`compression`: max_pool, mean_pool, conv (kernel = stride = c), dilated_conv, most_used) learns from a local loss
+(§3.2, `recon_loss`): `attention` (Algorithm 2), `autoencoding`, or `none` (the LM loss through time: Model.forward).
 
 Deliberate deviations (also in the README):
   - As model_xl.py: BPE tokens, a full tied softmax, pre_lnorm's final LayerNorm, valid-slot counts.
@@ -57,7 +48,7 @@ class Config:
     d_inner: int = 2100       # position-wise feed-forward width
     dropout: float = 0.1      # on embeddings, attention output, feed-forward, final hidden states
     dropatt: float = 0.0      # on attention probabilities
-    seg_len: int = 150        # n_s, tokens per segment (a multiple of compression_rate)
+    seg_len: int = 150        # n_s, tokens per segment (a multiple of compression_rate, as every paper setting)
     mem_len: int = 150        # n_m, FIFO memory slots per layer (a multiple of compression_rate); 0 = no memory
     clamp_len: int = 0        # relative distances above this share one embedding; 0 = no clamp
     same_length: bool = False  # every query attends to the same number (cmem_len + mem_len) of keys
@@ -96,8 +87,7 @@ class Config:
 
 @dataclass
 class Memory:
-    """Fixed-shape state (torch.compile compiles once); each memory right-aligned, oldest first, its valid slots the
-    last `*_length`. cm holds something only once m is full: concat(cm, m)'s valid slots are contiguous (line 5)."""
+    """Fixed shapes (torch.compile compiles once): right-aligned, oldest first, valid slots the last `*_length`."""
     cmem: torch.Tensor          # (n_layer, B, cmem_len, n_embd) cm: the compressed memory
     cmem_length: torch.Tensor   # (B,) int64, valid compressed slots
     mem: torch.Tensor           # (n_layer, B, mem_len, n_embd) m: each layer's input states, as Transformer-XL
@@ -132,7 +122,6 @@ class OpenSegment:
 # -----------------------------------------------------------------------------------------------------------
 # Compression functions f_c (§3.2)
 
-
 class Compression(nn.Module):
     """f_c^{(i)}, one layer's compression function: groups of c old memories (B, G, c, C) -> one compressed memory
     each (B, G, C); row b's real groups are its last n_new[b]; usage (B, G*c): each one's average attention.
@@ -140,8 +129,7 @@ class Compression(nn.Module):
       conv                 Conv1d over time, kernel = stride = c, n_embd channels in and out
       dilated_conv         ours (the paper gives no details): a WaveNet-style tree, ⌈log2 c⌉ Conv1d of kernel 2,
                            dilations 1, 2, 4, ..., ReLU between, over the group left-padded to 2^⌈log2 c⌉ positions
-      most_used            keep the n_new memories of the n_new·c with the highest usage, in time order
-    """
+      most_used            keep the n_new memories of the n_new·c with the highest usage, in time order"""
 
     def __init__(self, config):
         super().__init__()
@@ -175,8 +163,7 @@ class Compression(nn.Module):
 
     @staticmethod
     def _most_used(groups, n_new, usage):
-        """Rank the B x G*c candidates by usage (padding last, ties to the older one), keep each row's n_new best
-        and write them, in time order, right-aligned into (B, G, C)."""
+        """Keep each row's n_new candidates of highest usage (padding last, ties to the older), in time order."""
         B, G, c, C = groups.shape
         candidates = groups.reshape(B, G * c, C)
         position = torch.arange(G * c, device=groups.device).expand(B, -1)                 # (B, G*c)
@@ -202,12 +189,9 @@ class Compression(nn.Module):
 
 # -----------------------------------------------------------------------------------------------------------
 # The memory update: Algorithm 1, lines 8-11, as small pure functions on right-aligned, fixed-shape memories.
-#
 # Worked example: n_s = seg_len = 4, n_m = mem_len = 8, n_cm = cmem_len = 4, c = compression_rate = 2; one row
 # of one layer; "k" is the state of token k, "_" an empty slot, f(a,b) the slot f_c makes of states a and b.
-#   segment 1, tokens 0-3    concat(m, h) = [_ _ _ _ _ _ _ _ | 0 1 2 3]
-#                            m = its last 8 = [_ _ _ _ 0 1 2 3]; the 4 that fall out are empty: nothing to compress
-#   segment 2, tokens 4-7    m = [0 1 2 3 4 5 6 7], full; again only empty slots fall out
+#   segments 1-2, tokens 0-7 m = [_ _ _ _ 0 1 2 3], then [0 1 2 3 4 5 6 7], full; only empty slots fall out
 #   segment 3, tokens 8-11   concat(m, h) = [0 1 2 3 4 5 6 7 | 8 9 10 11]
 #                            old_mem = the 4 that fall out = [0 1 2 3] = m_t[:n_s]               line 8
 #                            groups of c: (0 1) (2 3) -> new_cm = [f(0,1) f(2,3)]                  line 9
@@ -226,7 +210,7 @@ def right_aligned(n_slots, length):
 
 
 def memory_valid(memory):
-    """(B, S) bool: the valid slots of concat(cm, m), S = cmem_len + mem_len (contiguous: see Memory)."""
+    """(B, S) bool: the valid slots of concat(cm, m), S = cmem_len + mem_len (contiguous: see above)."""
     return torch.cat([right_aligned(memory.cmem.size(2), memory.cmem_length),
                       right_aligned(memory.mem.size(2), memory.mem_length)], dim=1)
 
@@ -247,40 +231,26 @@ def group_evicted(old_mem, n_old, rate):
     return old_mem[:, :, T - G * rate:].reshape(L, B, G, rate, *old_mem.shape[3:]), n_old // rate
 
 
-def compress(layers, groups, n_new, usage):
-    """Line 9: new_cm = f_c(old_mem) per layer. groups (L, B, G, c, C), the last n_new (B,) real; usage
-    (L, B, G*c) for most_used, else None. -> (L, B, G, C), zero where a group is padding."""
-    new_cm = torch.stack([layer.compress(groups[n], n_new, None if usage is None else usage[n])
-                          for n, layer in enumerate(layers)])
-    return torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)
-
-
-def accumulate_usage(attn_mass, attn_queries, usage, cmem_len):
-    """most_used's bookkeeping: add this segment's usage to m's running mass and query count, push them through the
-    FIFO as the states. -> attn_mass (L, B, n_m), attn_queries (B, n_m), average usage of the T evicted (L, B, T)."""
-    n_m = attn_mass.size(2)
-    mass, seen = usage.mass[:, :, cmem_len:], usage.queries[None, :, cmem_len:]      # of the keys [m ; h]
-    mass, old_mass = push_fifo(attn_mass + mass[:, :, :n_m], mass[:, :, n_m:])
-    seen, old_seen = push_fifo(attn_queries[None] + seen[:, :, :n_m], seen[:, :, n_m:])
-    return mass.contiguous(), seen[0].contiguous(), old_mass / old_seen.clamp(min=1)
-
-
 def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
     """Algorithm 1, lines 8-11, every layer at once. hids (L, B, T, C): the segment's layer inputs h; usage (most_used,
     else None); layers: their f_c; keep_graph: new_cm keeps f_c's graph (recon_loss='none', see Model.forward).
     -> the new Memory and, for the reconstruction losses, what line 9 did (None when cmem_len = 0)."""
-    T, n_cm = hids.size(2), memory.cmem.size(2)
+    T, n_cm, n_m = hids.size(2), memory.cmem.size(2), memory.mem.size(2)
     mem, old_mem = push_fifo(memory.mem, hids.detach().to(memory.mem.dtype))   # lines 10 and 8, SG(h)
-    mem_length = (memory.mem_length + T).clamp(max=memory.mem.size(2))
+    mem_length = (memory.mem_length + T).clamp(max=n_m)
     n_old = memory.mem_length + T - mem_length                    # states that fell out of m (B,), right-aligned
     if n_cm == 0:                                                 # Transformer-XL: they are forgotten
         return replace(memory, mem=mem.contiguous(), mem_length=mem_length), None
-    attn_mass, attn_queries, old_usage = memory.attn_mass, memory.attn_queries, None
-    if usage is not None:
-        attn_mass, attn_queries, old_usage = accumulate_usage(attn_mass, attn_queries, usage, n_cm)
-        old_usage = group_evicted(old_usage, n_old, rate)[0].flatten(2)                   # (L, B, G*c)
+    attn_mass, attn_queries, old_usage = memory.attn_mass, memory.attn_queries, [None] * len(layers)
+    if usage is not None:   # most_used's bookkeeping: m's running attention mass and query count, through the FIFO
+        mass, seen = usage.mass[:, :, n_cm:], usage.queries[None, :, n_cm:]              # of the keys [m ; h]
+        attn_mass, old_mass = push_fifo(attn_mass + mass[:, :, :n_m], mass[:, :, n_m:])
+        attn_queries, old_seen = push_fifo(attn_queries[None] + seen[:, :, :n_m], seen[:, :, n_m:])
+        attn_mass, attn_queries = attn_mass.contiguous(), attn_queries[0].contiguous()
+        old_usage = group_evicted(old_mass / old_seen.clamp(min=1), n_old, rate)[0].flatten(2)   # (L, B, G*c) average
     groups, n_new = group_evicted(old_mem, n_old, rate)          # (L, B, G, c, C), n_new (B,) real groups
-    new_cm = compress(layers, groups, n_new, old_usage)          # line 9, (L, B, G, C)
+    new_cm = torch.stack([layer.compress(groups[n], n_new, old_usage[n]) for n, layer in enumerate(layers)])
+    new_cm = torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)   # line 9, (L, B, G, C)
     cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())          # line 11
     cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
     return (Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length, attn_mass, attn_queries),
@@ -288,19 +258,16 @@ def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
 
 
 def open_segment(memory, layers, r, need_usage):
-    """generate()'s segment, opening on memory: keys and values of concat(cm, m) per layer (line 5), W_{k,R} R of r
-    (K, C), R for the K = S + seg_len keys it will have, and their zero usage (most_used)."""
+    """generate()'s segment opening on memory: concat(cm, m)'s keys and values (line 5), W_{k,R} R, zero usage."""
     mem = torch.cat([memory.cmem, memory.mem], dim=2)             # (L, B, S, C) concat(cm, m)
-    L, B, K = mem.size(0), mem.size(1), r.size(0)
+    L, B, K = mem.size(0), mem.size(1), r.size(0)                 # r: R (K, C) for the K = S + seg_len keys to come
     usage = Usage(memory.attn_mass.new_zeros(L, B, K), memory.attn_queries.new_zeros(B, K)) if need_usage else None
     return OpenSegment(key_valid=memory_valid(memory), kv=[layer.attn.keys_values(m) for layer, m in zip(layers, mem)],
-                       hids=[[] for _ in layers], usage=usage,
-                       r_k=[layer.attn.project_positions(r) for layer in layers])
+                       hids=[[] for _ in mem], usage=usage, r_k=[layer.attn.project_positions(r) for layer in layers])
 
 
 # -----------------------------------------------------------------------------------------------------------
 # The auxiliary compression losses (§3.2)
-
 
 def content_attention(q, k, v, key_valid, scale):
     """Algorithm 2, line 6: attn(h, m) = σ((hQ)(mK)ᵀ)(mV), the layer's content attention without positions, from
@@ -310,16 +277,15 @@ def content_attention(q, k, v, key_valid, scale):
 
 
 def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
-    """f_c's local loss (§3.2), summed over layers (Algorithm 2, line 8) and averaged over the rows that compressed
-    something in this segment; only f_c learns from it. compressed: line 9 of this segment; qkv: per layer, the
-    queries (B, H, T, D) and the keys and values (B, H, n_cm + n_m + T, D) of [cm ; m ; h] of its forward.
+    """f_c's local loss (§3.2), summed over layers (Algorithm 2, line 8), averaged over the rows that compressed
+    something; only f_c learns from it. compressed: this segment's line 9; qkv: per layer, the forward's queries
+    (B, H, T, D), keys and values (B, H, n_cm + n_m + T, D) of [cm ; m ; h].
       attention     Algorithm 2: ‖attn(h, old_mem) − attn(h, new_cm)‖²
       autoencoding  ‖old_mem − g(new_cm)‖², g the layer's decoder"""
     old_mem, n_new, new_cm = compressed
     L, B, G, rate, C = old_mem.shape
     real = right_aligned(G, n_new)                                # (B, G) real groups
-    rows = (n_new > 0).float()
-    total = 0.0
+    rows, total = (n_new > 0).float(), 0.0                        # (B,) rows that compressed something
     for n, layer in enumerate(layers):
         if kind == 'attention':
             # the forward's projections, detached, are SG(h)SG(Q), SG(old_mem)SG(K), SG(old_mem)SG(V) (lines 3-5):
@@ -358,12 +324,9 @@ def compression_flops(config, f_c):
 # -----------------------------------------------------------------------------------------------------------
 # Relative attention over [compressed memory ; memory ; segment]
 
-
 # Copied from model_xl.py (RelMultiHeadAttn) with forward(..., attn_mask) -> forward(..., attn_mask, need_usage),
 # which also returns the queries (Algorithm 2) and the mass each key received (most_used), and keys_values_sg added
 class RelMultiHeadAttn(nn.Module):
-    """model_xl.py's attention with relative positions (§3.3 of Dai et al.) plus what Algorithm 2 and most_used need."""
-
     # Copied from model_xl.py (RelMultiHeadAttn.__init__)
     def __init__(self, config):
         super().__init__()
@@ -462,7 +425,6 @@ class Block(nn.Module):
 # -----------------------------------------------------------------------------------------------------------
 # The model
 
-
 class Model(nn.Module):
     # Copied from model_xl.py (Model.__init__)
     def __init__(self, config: Config):
@@ -507,10 +469,9 @@ class Model(nn.Module):
     def reset_memory(self, memory, mask):
         """Empty both memories of the rows where mask (B,) is True, e.g. at a document boundary."""
         keep = (~mask).to(memory.mem.dtype)
-        return Memory(cmem=memory.cmem * keep[None, :, None, None], cmem_length=memory.cmem_length * ~mask,
-                      mem=memory.mem * keep[None, :, None, None], mem_length=memory.mem_length * ~mask,
-                      attn_mass=memory.attn_mass * keep[None, :, None],
-                      attn_queries=memory.attn_queries * keep[:, None])
+        return Memory(memory.cmem * keep[None, :, None, None], memory.cmem_length * ~mask,      # cm
+                      memory.mem * keep[None, :, None, None], memory.mem_length * ~mask,        # m
+                      memory.attn_mass * keep[None, :, None], memory.attn_queries * keep[:, None])   # most_used
 
     # Copied from model_xl.py (Model._relative_positions)
     def _relative_positions(self, K, device):
@@ -551,7 +512,6 @@ class Model(nn.Module):
         attn_mask = self._attn_mask(key_valid, T, S)              # (B, 1, T, S+T); window cmem_len + mem_len
         r = self._relative_positions(S + T, idx.device)           # (S+T, C)
         need_usage = config.cmem_len > 0 and config.compression == 'most_used'
-
         h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^(1) (line 3)
         hids, qkv, usage = [], [], []
         for n, layer in enumerate(self.layers):                   # line 4
@@ -561,7 +521,6 @@ class Model(nn.Module):
             qkv.append((q, k, v))                                 # Algorithm 2 reuses them
             usage.append(layer_usage)
         logits = F.linear(self.drop(self.ln_f(h)), self.word_emb.weight)   # (B, T, V), tied output layer
-
         usage = Usage(torch.stack(usage), attn_mask.sum((1, 2)).to(memory.attn_queries.dtype)) if need_usage else None
         new_memory, compressed = update_memory(memory, torch.stack(hids), usage, self.layers, config.compression_rate,
                                                keep_graph=config.recon_loss == 'none' and self.training)   # BPTT f_c
@@ -723,7 +682,6 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
         if i + 1 < max_new_tokens:
             logits = feed(idx_next)
     return idx
-
 
 
 # Copied from model_xl.py (rel_shift)
