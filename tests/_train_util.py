@@ -120,3 +120,23 @@ def run_main(argv, capsys):
         train.main(argv)
     out, err = capsys.readouterr()
     return exc.value.code, out, err
+
+
+def signal_after_log_lines(command, out_dir, n_lines, signum, timeout=60, start_timeout=120):
+    """Run command (a list, from the repository root) until out_dir/log.jsonl has n_lines lines (training has
+    started, the signal handlers are set), send it signum, and wait. -> (exit status, stdout, stderr)"""
+    import time
+    proc = subprocess.Popen(command, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    log = Path(out_dir) / 'log.jsonl'
+    try:
+        deadline = time.time() + start_timeout
+        while not (log.exists() and log.read_text().count('\n') >= n_lines):
+            assert proc.poll() is None, proc.communicate()
+            assert time.time() < deadline, "training did not start"
+            time.sleep(0.1)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err

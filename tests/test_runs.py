@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +18,8 @@ import torch
 
 import runs
 import train
-from _train_util import (ENV, ROOT, assert_identical, assert_one_line_error, flags, load, make_pattern_dataset,
-                         read_log, run_main, run_python)
+from _train_util import (assert_identical, assert_one_line_error, flags, load, make_pattern_dataset,
+                         read_log, run_main, run_python, signal_after_log_lines)
 
 
 @pytest.fixture(scope='module')
@@ -41,15 +40,6 @@ def logged(out_dir):
 def torchrun(args, timeout=300):
     return run_python(['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py'] + args,
                       timeout=timeout)
-
-
-def wait_for_log_lines(proc, log, n, timeout=120):
-    """Block until log.jsonl has n lines (training has started, the signal handlers are set)."""
-    deadline = time.time() + timeout
-    while not (log.exists() and log.read_text().count('\n') >= n):
-        assert proc.poll() is None, proc.communicate()
-        assert time.time() < deadline, "training did not start"
-        time.sleep(0.1)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -180,17 +170,10 @@ def test_weights_gone_non_finite_are_not_saved_at_an_interrupt(data_dir, tmp_pat
 
 def test_sigterm_saves_and_exits_143(data_dir, tmp_path):
     out_dir = tmp_path / 'out'
-    proc = subprocess.Popen([sys.executable, 'train.py'] + flags(data_dir, out_dir, max_iters=100000,
-                                                                 eval_interval=100000),
-                            cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        wait_for_log_lines(proc, out_dir / 'log.jsonl', 2)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 143, err
+    code, out, err = signal_after_log_lines(
+        [sys.executable, 'train.py'] + flags(data_dir, out_dir, max_iters=100000, eval_interval=100000), out_dir, 2,
+        signal.SIGTERM)
+    assert code == 143, err
     assert 'Traceback' not in err and 'SIGTERM: finishing this step' in out
     ckpt = load(out_dir / 'ckpt.pt')
     assert ckpt['step'] == ckpt['data_position'] == read_log(out_dir)[-1]['step'] >= 2
@@ -225,17 +208,10 @@ def test_sigint_under_torchrun_saves_once(data_dir, tmp_path):
     worker prints a traceback (torchrun itself still reports the signal), and the run resumes."""
     out_dir = tmp_path / 'out'
     args = flags(data_dir, out_dir, max_iters=100000, eval_interval=100000, lr_decay_iters=1000)
-    proc = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                             'train.py'] + args, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    try:
-        wait_for_log_lines(proc, out_dir / 'log.jsonl', 3)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+    code, out, err = signal_after_log_lines([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                                             '--nproc_per_node=2', 'train.py'] + args, out_dir, 3, signal.SIGINT,
+                                            timeout=120)
+    assert code != 0
     assert out.count('continue with --init_from=resume') == 1, out
     assert 'train.py", line' not in err and 'runs.py", line' not in err, err[-3000:]
     ckpt = load(out_dir / 'ckpt.pt')

@@ -12,9 +12,7 @@ import math
 import re
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +25,9 @@ import configurator
 import runs
 import train
 import _train_standin
-from _train_util import (ENV, ROOT, TINY_XL, assert_identical, assert_one_line_error, flags, load,
-                         make_pattern_dataset, pattern_tokens, read_log, run_main, run_python, write_dataset)
+from _train_util import (ROOT, TINY_XL, assert_identical, assert_one_line_error, flags, load,
+                         make_pattern_dataset, pattern_tokens, read_log, run_main, run_python, signal_after_log_lines,
+                         write_dataset)
 
 
 STEPS = 80     # of the shared `trained` run
@@ -97,21 +96,8 @@ def test_sigint_saves_a_checkpoint_exits_130_then_resumes_exactly(tmp_path, data
     out_dir = tmp_path / 'out'
     schedule = dict(lr_decay_iters=1000, dropout=0.1)                # the same learning rates whatever max_iters
     args = flags(data_dir, out_dir, max_iters=100000, eval_interval=100000, log_interval=1, **schedule)
-    proc = subprocess.Popen([sys.executable, 'train.py'] + args, cwd=ROOT, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        log = out_dir / 'log.jsonl'
-        deadline = time.time() + 90
-        while not (log.exists() and log.read_text().count('\n') >= 2):   # training has started (handler is set)
-            assert proc.poll() is None, proc.communicate()
-            assert time.time() < deadline, "training did not start"
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
+    code, out, err = signal_after_log_lines([sys.executable, 'train.py'] + args, out_dir, 2, signal.SIGINT)
+    assert code == 130, err
     assert 'Traceback' not in err
     assert 'continue with --init_from=resume' in out
     ckpt = load(out_dir / 'ckpt.pt')
