@@ -86,7 +86,9 @@ def _convert(name, value, typ):
         if value is None or (isinstance(value, str) and value == 'None'):
             return None
         typ = [t for t in typing.get_args(typ) if t is not type(None)][0]
+    label, given = name, value                                    # for the message: a flag or a config literal
     if isinstance(value, str) and typ is not str:
+        label = f'--{name}'
         if typ is bool:
             if value.lower() in ('true', '1', 'yes'):
                 return True
@@ -94,18 +96,15 @@ def _convert(name, value, typ):
                 return False
             raise UserError(f"--{name} takes True or False, got {value!r}")
         try:
-            converted = typ(value)
+            value = typ(value)
         except ValueError:
-            raise UserError(f"--{name} takes {_article(typ)}, got {value!r}")
-        if typ is float and not math.isfinite(converted):
-            raise UserError(f"--{name} takes a finite float, got {value!r}")
-        return converted
+            raise UserError(f"--{name} takes {_article(typ)}, got {given!r}")
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         raise UserError(f"{name} takes {_article(typ)}, got {value!r}")
     if typ is float and not math.isfinite(value):
-        raise UserError(f"{name} takes a finite float, got {value!r}")
+        raise UserError(f"{label} takes a finite float, got {given!r}")
     return value
 
 
