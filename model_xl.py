@@ -470,7 +470,7 @@ def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, call
 
 # Copied from model_xl.py (refill)
 def refill(seg, new):
-    """new, or, when seg is an OpenSegment already, seg with new's values copied into its buffers (a graph reads them)"""
+    """new; or, when seg is an OpenSegment already, seg with new's values copied in (a captured step reads seg)"""
     if seg is None:
         return new
 
