@@ -27,12 +27,13 @@ Deviations and choices (also in the README):
   - β's initialisation and learning rate are not given: `gate_init`, `gate_lr_mult` (see Model.lr_multipliers).
   - σ is floored at SIGMA_FLOOR (see sigma).
 
-Letters: B rows, T tokens of a segment (or of a generate() step), S tokens before them in the open segment, H heads,
-D = d_head, C = n_embd, L layers. tests/test_infini.py checks every layer against a per-token, per-head reference.
+Letters: B rows, T tokens of a segment (or of a generate() step), K = seg_len key slots of generate()'s open
+segment, H heads, D = d_head, C = n_embd, L layers. tests/test_infini.py checks every layer against a per-token,
+per-head reference.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 
 import torch
 import torch.nn as nn
@@ -84,9 +85,17 @@ class Memory:
 
 @dataclass
 class OpenSegment:
-    """generate()'s segment until decode() closes it and it is written into the memory; kv: one entry a layer."""
-    length: int              # t, the tokens so far (the next token's RoPE position)
-    kv: list                 # (k_rot, k, v) each (B, H, t, D): cached keys (rotated and not), values; None at t = 0
+    """generate()'s segment, from its first token until decode() closes it into the memory, in buffers of fixed shape
+    (forward() takes a whole segment in one call). K = seg_len slots, right-aligned: the tokens so far fill the right
+    end and padding the left. A step of T tokens slides the window by T (decode() never lets a valid slot fall off),
+    so every token's step has the same shapes and writes in place: decode() can capture it. At the close the window
+    holds exactly the segment's seg_len tokens, whose unrotated keys and values are written into the memory."""
+    t: torch.Tensor          # (1,) int64, the tokens so far: the RoPE position of the next one
+    key_valid: torch.Tensor  # (B, K) bool
+    kv: list                 # per layer (k_rot, k, v), each (B, H, K, D): keys rotated and not, values of the K slots
+    M: torch.Tensor          # (n_layer, B, H, D, D) M_{s-1}, the memory the segment reads (Eq. 3)
+    z: torch.Tensor          # (n_layer, B, H, D) z_{s-1}
+    has_memory: torch.Tensor  # (B, 1, 1, 1) bool
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -128,7 +137,8 @@ def memory_update(sigma_k, v, M, z, has_memory, rule):
 
 class RotaryEmbedding(nn.Module):
     """cos and sin of m θ_i for positions m = 0 .. n_positions-1 of a segment, θ_i = rope_base^(-2i/d_head), tabulated
-    once (float64, kept in float32): computed in forward, torch.compile recomputes them for every row and head."""
+    once (float64, kept in float32): computed in forward, torch.compile recomputes them for every row and head.
+    start: an int, or a tensor of one element (generate()'s OpenSegment.t, which a captured step reads)."""
 
     def __init__(self, d_head, base, n_positions):
         super().__init__()
@@ -138,7 +148,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer('sin', angles.sin().float(), persistent=False)
 
     def forward(self, start, T):
-        return self.cos[start:start + T], self.sin[start:start + T]   # (T, D/2) each
+        positions = start + torch.arange(T, device=self.cos.device)   # (T,)
+        return self.cos[positions], self.sin[positions]            # (T, D/2) each
 
 
 def apply_rope(x, cos, sin):
@@ -171,10 +182,11 @@ class InfiniAttention(nn.Module):
     def gate(self):
         return torch.sigmoid(self.beta)                           # (H,)
 
-    def forward(self, h, M, z, has_memory, rope, cache=None):
+    def forward(self, h, M, z, has_memory, rope, attn_mask, cache=None):
         """h (B, T, C): the segment's layer input (or its next T tokens, in generate); M, z: M_{s-1} (B, H, D, D) and
         z_{s-1} (B, H, D); has_memory (B, 1, 1, 1) bool; rope: (cos, sin) (T, D/2) of these T positions; cache: None,
-        or (k_rot, k, v) (B, H, S, D) of the segment's S earlier tokens. -> out (B, T, C), (k_rot, k, v) of S + T"""
+        or (k_rot, k, v) (B, H, S, D) of S earlier key slots; attn_mask: (T, S + T) or (B, 1, T, S + T) bool, the keys
+        each query sees. -> out (B, T, C), (k_rot, k, v) of the S + T keys"""
         B, T, C = h.shape
         H, D = self.n_head, self.d_head
         x = self.layer_norm(h) if self.pre_lnorm else h
@@ -183,11 +195,9 @@ class InfiniAttention(nn.Module):
         q_rot, k_rot = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k_rot, k, v = (torch.cat([old, new], dim=2) for old, new in zip(cache, (k_rot, k, v)))
-        S = k.size(2) - T                                         # keys before the first of these queries
 
-        # local attention, Eq. 2: causal inside the segment (query i sits at S + i)
-        causal = torch.ones(T, S + T, dtype=torch.bool, device=h.device).tril(S)   # (T, S+T)
-        A_dot = F.scaled_dot_product_attention(q_rot, k_rot, v, attn_mask=causal,
+        # local attention, Eq. 2: causal inside the segment
+        A_dot = F.scaled_dot_product_attention(q_rot, k_rot, v, attn_mask=attn_mask,
                                                dropout_p=self.dropatt_p if self.training else 0.0)  # (B, H, T, D)
 
         # memory retrieval, Eq. 3, in the memory's dtype (float32 even under bf16 autocast)
@@ -213,8 +223,8 @@ class Block(nn.Module):
         self.attn = InfiniAttention(config)
         self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
 
-    def forward(self, h, M, z, has_memory, rope, cache=None):
-        h, kv = self.attn(h, M, z, has_memory, rope, cache)
+    def forward(self, h, M, z, has_memory, rope, attn_mask, cache=None):
+        h, kv = self.attn(h, M, z, has_memory, rope, attn_mask, cache)
         return self.ff(h), kv
 
 
@@ -287,11 +297,12 @@ class Model(nn.Module):
             raise ValueError(f"segment of {T} tokens is longer than seg_len={c.seg_len}")
         has_memory = (memory.length > 0).view(B, 1, 1, 1)
         rope = self.rope(0, T)                                    # (T, D/2) x2
+        causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()   # (T, T), Eq. 2 inside the segment
 
         h = self.drop(self.word_emb(idx))                         # (B, T, C)
         new_M, new_z = [], []
         for n, layer in enumerate(self.layers):
-            h, (_, k, v) = layer(h, memory.M[n], memory.z[n], has_memory, rope)    # retrieve first (Eq. 3) ...
+            h, (_, k, v) = layer(h, memory.M[n], memory.z[n], has_memory, rope, causal)   # retrieve (Eq. 3) ...
             M, z = layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v, c.memory_update)
             new_M.append(M)                                       # ... then update (Eq. 4 / 5)
             new_z.append(z)
@@ -325,36 +336,53 @@ class Model(nn.Module):
         memory += (4 + delta) * c.n_layer * HD                     # the denominators σ(Q) z, σ(K) z
         return 6 * matrices + local + memory
 
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional); callback as decode()'s. The open
-        segment's keys and values are cached (OpenSegment); closed, it is written into the memory as in forward()."""
+    # --- generation ---------------------------------------------------------------------------------------
+
+    def open_segment(self, memory, tokens, seg=None):
+        """A segment's first tokens (B, T) on memory, in a new OpenSegment or in seg's buffers (decode() reuses them).
+        -> the logits (B, V) of the last token, the OpenSegment"""
+        c, B = self.config, tokens.size(0)
+        H, D = c.n_head, c.d_head
+        slots = memory.M.new_zeros(B, H, c.seg_len, D)                 # (B, H, K, D), all padding
+        seg = refill(seg, OpenSegment(t=torch.zeros(1, dtype=torch.long, device=tokens.device),
+                                      key_valid=torch.zeros(B, c.seg_len, dtype=torch.bool, device=tokens.device),
+                                      kv=[(slots.clone(), slots.clone(), slots.clone()) for _ in self.layers],
+                                      M=memory.M.clone(), z=memory.z.clone(),
+                                      has_memory=(memory.length > 0).view(B, 1, 1, 1)))
+        return self.step(tokens, seg), seg
+
+    def step(self, tokens, seg):
+        """The next T tokens (B, T) of the open segment seg, which it updates in place. -> logits (B, V) of the last"""
+        T, K = tokens.size(1), self.config.seg_len
+        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
+        causal = torch.ones(T, K, dtype=torch.bool, device=tokens.device).tril(K - T)   # query i sits at K - T + i
+        attn_mask = (causal & key_valid[:, None, :])[:, None]         # (B, 1, T, K)
+        rope = self.rope(seg.t, T)                                     # positions t .. t+T-1 of the segment
+        h = self.drop(self.word_emb(tokens))                           # (B, T, C)
+        for n, layer in enumerate(self.layers):
+            cache = tuple(x[:, :, T:] for x in seg.kv[n])             # the window without its T oldest slots
+            h, kv = layer(h, seg.M[n], seg.z[n], seg.has_memory, rope, attn_mask, cache)
+            for old, new in zip(seg.kv[n], kv):
+                old.copy_(new)
+        seg.key_valid.copy_(key_valid)
+        seg.t.add_(T)
+        return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
+
+    def close_segment(self, memory, seg):
+        """The memory after the open segment's seg_len tokens, as forward() makes it: their unrotated keys and values
+        written into the memory they read (Eq. 4 / 5)."""
         c = self.config
-        B = idx.size(0)
-        if memory is None:
-            memory = self.init_memory(B, idx.device)
-        seg = None                                                      # the open segment, None until its first token
+        new_M, new_z = zip(*(layer.attn.update_memory(seg.M[n], seg.z[n], seg.has_memory, k, v, c.memory_update)
+                             for n, (layer, (_, k, v)) in enumerate(zip(self.layers, seg.kv))))
+        return Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + c.seg_len)
 
-        def step(tokens, closes_segment):
-            nonlocal memory, seg
-            if seg is None:                                             # a segment opens: nothing cached yet
-                seg = OpenSegment(length=0, kv=[None] * c.n_layer)
-            T = tokens.size(1)
-            has_memory = (memory.length > 0).view(B, 1, 1, 1)
-            rope = self.rope(seg.length, T)
-            h = self.drop(self.word_emb(tokens))
-            for n, layer in enumerate(self.layers):
-                h, seg.kv[n] = layer(h, memory.M[n], memory.z[n], has_memory, rope, seg.kv[n])
-            seg.length += T
-            if closes_segment:                                          # written into the memory, as in forward()
-                new_M, new_z = zip(*(layer.attn.update_memory(memory.M[n], memory.z[n], has_memory, k, v,
-                                                              c.memory_update)
-                                     for n, (layer, (_, k, v)) in enumerate(zip(self.layers, seg.kv))))
-                memory = Memory(M=torch.stack(new_M), z=torch.stack(new_z), length=memory.length + seg.length)
-                seg = None
-            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
-
-        return decode(step, idx, max_new_tokens, c.seg_len, temperature, top_k, callback)
+    # Copied from model_xl.py (Model.generate)
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None, cuda_graph=False):
+        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional; else a fresh one), as decode() says;
+        callback(tokens (B, 1)) after each new token; cuda_graph: replay each token's step as one CUDA graph."""
+        memory = self.init_memory(idx.size(0), idx.device) if memory is None else memory
+        return decode(self, idx, memory, max_new_tokens, temperature, top_k, callback, cuda_graph)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -406,21 +434,29 @@ def sample_next(logits, temperature=1.0, top_k=None):
 
 
 # Copied from model_xl.py (decode)
-def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
-    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
-    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
-    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
-    turns that segment into the memory, as forward() does at the end of a segment.
-    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, callback=None, cuda_graph=False):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes in as pieces that never cross a
+    segment boundary, then max_new_tokens tokens are sampled one at a time (sample_next), each fed back. The model
+    keeps the open segment in buffers of fixed shape (its OpenSegment): model.open_segment(memory, tokens, seg) starts
+    one with its first tokens, model.step(tokens, seg) adds the next, each returning the logits (B, V) of the last
+    token, and model.close_segment(memory, seg) turns it into the memory once it holds seg_len tokens (here is the
+    only place that counts them), as forward() does. Opening and closing happen once a segment; a step at every
+    token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
-    seg_pos = 0                                                   # tokens of the open segment so far
+    seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
+    step = CapturedStep(model.step) if cuda_graph else model.step
 
     def feed(tokens):
-        nonlocal seg_pos
+        nonlocal memory, seg_pos, seg
+        if seg_pos == 0:
+            logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
+        else:
+            logits = step(tokens, seg)
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
-        return step(tokens, closes_segment=seg_pos == 0)
+        if seg_pos == 0:
+            memory = model.close_segment(memory, seg)
+        return logits
 
     for start in range(0, idx.size(1), seg_len):
         logits = feed(idx[:, start:start + seg_len])
@@ -432,3 +468,49 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
         if i + 1 < max_new_tokens:
             logits = feed(idx_next)
     return idx
+
+
+# Copied from model_xl.py (refill)
+def refill(seg, new):
+    """new; or, when seg is an OpenSegment already, seg with new's values copied in (a captured step reads seg)"""
+    if seg is None:
+        return new
+
+    def tensors(x):                                               # of a dataclass, list or tuple, in order
+        if torch.is_tensor(x):
+            return [x]
+        items = vars(x).values() if is_dataclass(x) else x if isinstance(x, (list, tuple)) else []
+        return [t for item in items for t in tensors(item)]
+
+    for old, value in zip(tensors(seg), tensors(new), strict=True):
+        old.copy_(value)
+    return seg
+
+
+# Copied from model_xl.py (CapturedStep)
+class CapturedStep:
+    """A model's step(tokens, seg) as a CUDA graph: one launch for the hundreds of kernels of a token, whose Python
+    and launch overhead otherwise cost more than their arithmetic at batch 1. The first call runs the step, as the
+    warm-up capture wants (on a side stream), then records it; later calls copy their tokens into the recorded input
+    and replay. step must keep its shapes and write only into seg's buffers (OpenSegment)."""
+
+    def __init__(self, step):
+        self.step, self.graph = step, None
+
+    def __call__(self, tokens, seg):
+        if self.graph is not None:
+            self.tokens.copy_(tokens)
+            self.graph.replay()
+            return self.logits
+        # the weights' autocast copies are made inside the graph, not cached outside it (and freed under it)
+        with torch.autocast('cuda', torch.get_autocast_dtype('cuda'), torch.is_autocast_enabled('cuda'),
+                            cache_enabled=False):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                logits = self.step(tokens, seg)                   # this token's step, and the warm-up
+            torch.cuda.current_stream().wait_stream(stream)
+            self.tokens, self.graph = tokens.clone(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self.step(self.tokens, seg)         # recorded, not run
+        return logits

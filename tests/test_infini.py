@@ -397,7 +397,7 @@ def test_bf16_autocast_keeps_the_memory_in_float32(rule):
             for start in range(0, idx.size(1), 8):
                 h = model.word_emb(idx[:, start:start + 8])
                 _, k, v = layer(h, ref.M[0], ref.z[0], torch.ones(2, 1, 1, 1, dtype=torch.bool),
-                                model.rope(0, 8))[1]
+                                model.rope(0, 8), torch.ones(8, 8, dtype=torch.bool).tril())[1]
                 M_bf16 = M_bf16 + (sigma(k).transpose(-2, -1) @ v).bfloat16()
                 z_bf16 = z_bf16 + sigma(k).sum(dim=-2).bfloat16()
         assert relative(M_bf16.float(), ref.M[0]) > 0.01 and relative(z_bf16.float(), ref.z[0]) > 0.01
