@@ -25,7 +25,7 @@ makes, c = compression_rate, H heads, D = d_head, C = n_embd, L layers.
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, is_dataclass, replace
 from functools import partial
 from typing import NamedTuple
 
@@ -111,12 +111,14 @@ class Compressed(NamedTuple):
 
 @dataclass
 class OpenSegment:
-    """generate()'s segment until decode() closes it into the memory; lists: one entry a layer, t tokens so far."""
-    key_valid: torch.Tensor  # (B, S + t) bool over [concat(cm, m) ; tokens], S = cmem_len + mem_len
-    kv: list                 # (k, v) each (B, H, S + t, D): the cached keys and values of [concat(cm, m) ; tokens]
-    hids: list               # pieces (B, t_i, C) of the layer's inputs h: its memory to be
-    usage: Usage             # the attention the keys received so far, over S + seg_len keys (most_used, else None)
-    r_k: list                # W_{k,R} R (H, S + seg_len, D) for distances S + seg_len - 1, ..., 0; a step slices it
+    """generate()'s segment, from its first token until decode() closes it into the memory, in buffers of fixed shape,
+    as model_xl.py's: K = S + seg_len slots, [concat(cm, m) ; tokens so far] at the right end (cm and m each right-
+    aligned with its own length, hence a mask of valid slots), padding at the left; a step of T tokens slides by T."""
+    key_valid: torch.Tensor  # (B, K) bool
+    kv: list                 # per layer (k, v), each (B, H, K, D): the keys and values of the K slots
+    hids: torch.Tensor       # (n_layer, B, seg_len, C) the layers' inputs h of the last seg_len tokens (lines 8, 10)
+    usage: Usage             # the attention the K slots received so far, sliding with them (most_used, else None)
+    r_k: list                # per layer W_{k,R} R (H, K, D) for the distances K-1, ..., 0
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -255,15 +257,6 @@ def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
     cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
     return (Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length, attn_mass, attn_queries),
             Compressed(groups, n_new, new_cm))
-
-
-def open_segment(memory, layers, r, need_usage):
-    """generate()'s segment opening on memory: concat(cm, m)'s keys and values (line 5), W_{k,R} R, zero usage."""
-    mem = torch.cat([memory.cmem, memory.mem], dim=2)             # (L, B, S, C) concat(cm, m)
-    L, B, K = mem.size(0), mem.size(1), r.size(0)                 # r: R (K, C) for the K = S + seg_len keys to come
-    usage = Usage(memory.attn_mass.new_zeros(L, B, K), memory.attn_queries.new_zeros(B, K)) if need_usage else None
-    return OpenSegment(key_valid=memory_valid(memory), kv=[layer.attn.keys_values(m) for layer, m in zip(layers, mem)],
-                       hids=[[] for _ in mem], usage=usage, r_k=[layer.attn.project_positions(r) for layer in layers])
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -557,40 +550,57 @@ class Model(nn.Module):
         compression = c.n_layer * compression_flops(c, self.layers[0].compress) / T if c.cmem_len > 0 else 0
         return weights + attention + memory + compression
 
+    def open_segment(self, memory, tokens, seg=None):
+        """A segment's first tokens (B, T) on memory, in a new OpenSegment or in seg's buffers (decode() reuses them):
+        concat(cm, m)'s keys and values (line 5), W_{k,R} R, no usage yet. -> logits (B, V) of the last, OpenSegment"""
+        c, B = self.config, tokens.size(0)
+        mem = torch.cat([memory.cmem, memory.mem], dim=2)             # (L, B, S, C) concat(cm, m)
+        K, pad = mem.size(2) + c.seg_len, (0, 0, c.seg_len, 0)        # seg_len empty slots on the left
+        kv = [layer.attn.keys_values(m) for layer, m in zip(self.layers, mem)]
+        r = self._relative_positions(K, tokens.device)               # (K, C)
+        usage = None
+        if c.cmem_len > 0 and c.compression == 'most_used':
+            usage = Usage(memory.attn_mass.new_zeros(c.n_layer, B, K), memory.attn_queries.new_zeros(B, K))
+        seg = refill(seg, OpenSegment(key_valid=F.pad(memory_valid(memory), pad[2:]),
+                                      kv=[tuple(F.pad(x, pad) for x in xs) for xs in kv],
+                                      hids=memory.mem.new_zeros(c.n_layer, B, c.seg_len, c.n_embd), usage=usage,
+                                      r_k=[layer.attn.project_positions(r) for layer in self.layers]))
+        return self.step(tokens, seg), seg
+
+    def step(self, tokens, seg):
+        """The next T tokens (B, T) of the open segment seg (lines 6-7, 12), which it updates in place; most_used: the
+        mass each slot received slides with it. -> logits (B, V) of the last"""
+        T, usage = tokens.size(1), seg.usage
+        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
+        attn_mask = self._attn_mask(key_valid, T, key_valid.size(1) - self.config.seg_len)          # (B, 1, T, K)
+        h = self.drop(self.word_emb(tokens))                           # (B, T, C)
+        hids, mass = [], []
+        for n, layer in enumerate(self.layers):
+            hids.append(h)
+            k, v = seg.kv[n]                                           # the window without its T oldest slots
+            h, (k_new, v_new), _, layer_usage = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n], *self._u_v(n),
+                                                      attn_mask, usage is not None)
+            k.copy_(k_new)
+            v.copy_(v_new)
+            mass.append(layer_usage)
+        if usage is not None:                                          # the T oldest (padding) out, T zeros in
+            usage.mass.copy_(F.pad(usage.mass[:, :, T:], (0, T)) + torch.stack(mass))
+            usage.queries.copy_(F.pad(usage.queries[:, T:], (0, T)) + attn_mask.sum((1, 2)))
+        seg.key_valid.copy_(key_valid)
+        seg.hids.copy_(torch.cat([seg.hids[:, :, T:], torch.stack(hids).to(seg.hids.dtype)], dim=2))
+        return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
+
+    def close_segment(self, memory, seg):
+        """The memory after the open segment's seg_len tokens, as forward() makes it (Algorithm 1, lines 8-11)."""
+        return update_memory(memory, seg.hids, seg.usage, self.layers, self.config.compression_rate)[0]
+
+    # Copied from model_xl.py (Model.generate)
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) after memory (optional), as decode(); closing a segment runs update_memory."""
-        config = self.config
-        if memory is None:
-            memory = self.init_memory(idx.size(0), idx.device)
-        S = config.cmem_len + memory.mem.size(2)
-        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
-        seg = None                                                      # the open segment, None until its first token
-
-        def step(tokens, closes_segment):
-            nonlocal memory, seg
-            if seg is None:                                             # a segment opens on the memory
-                seg = open_segment(memory, self.layers, self._relative_positions(S + config.seg_len, idx.device),
-                                   need_usage)
-            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(tokens.shape)], dim=1)
-            K = seg.key_valid.size(1)
-            attn_mask = self._attn_mask(seg.key_valid, tokens.size(1), S)
-            h = self.drop(self.word_emb(tokens))
-            for n, layer in enumerate(self.layers):
-                seg.hids[n].append(h)
-                h, seg.kv[n], _, layer_usage = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._u_v(n), attn_mask,
-                                                     need_usage)
-                if need_usage:
-                    seg.usage.mass[n, :, :K] += layer_usage
-            if need_usage:
-                seg.usage.queries[:, :K] += attn_mask.sum((1, 2))
-            if closes_segment:                                          # it becomes the memory, as in forward()
-                hids = torch.stack([torch.cat(pieces, dim=1) for pieces in seg.hids])   # (L, B, seg_len, C)
-                memory, _ = update_memory(memory, hids, seg.usage, self.layers, config.compression_rate)
-                seg = None
-            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)  # (B, V) logits of the last position
-
-        return decode(step, idx, max_new_tokens, config.seg_len, temperature, top_k, callback)
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None, cuda_graph=False):
+        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional; else a fresh one), as decode() says;
+        callback(tokens (B, 1)) after each new token; cuda_graph: replay each token's step as one CUDA graph."""
+        memory = self.init_memory(idx.size(0), idx.device) if memory is None else memory
+        return decode(self, idx, memory, max_new_tokens, temperature, top_k, callback, cuda_graph)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -656,21 +666,29 @@ def sample_next(logits, temperature=1.0, top_k=None):
 
 
 # Copied from model_xl.py (decode)
-def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
-    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
-    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
-    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
-    turns that segment into the memory, as forward() does at the end of a segment.
-    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, callback=None, cuda_graph=False):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes in as pieces that never cross a
+    segment boundary, then max_new_tokens tokens are sampled one at a time (sample_next), each fed back. The model
+    keeps the open segment in buffers of fixed shape (its OpenSegment): model.open_segment(memory, tokens, seg) starts
+    one with its first tokens, model.step(tokens, seg) adds the next, each returning the logits (B, V) of the last
+    token, and model.close_segment(memory, seg) turns it into the memory once it holds seg_len tokens (here is the
+    only place that counts them), as forward() does. Opening and closing happen once a segment; a step at every
+    token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
-    seg_pos = 0                                                   # tokens of the open segment so far
+    seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
+    step = CapturedStep(model.step) if cuda_graph else model.step
 
     def feed(tokens):
-        nonlocal seg_pos
+        nonlocal memory, seg_pos, seg
+        if seg_pos == 0:
+            logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
+        else:
+            logits = step(tokens, seg)
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
-        return step(tokens, closes_segment=seg_pos == 0)
+        if seg_pos == 0:
+            memory = model.close_segment(memory, seg)
+        return logits
 
     for start in range(0, idx.size(1), seg_len):
         logits = feed(idx[:, start:start + seg_len])
@@ -682,6 +700,52 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
         if i + 1 < max_new_tokens:
             logits = feed(idx_next)
     return idx
+
+
+# Copied from model_xl.py (refill)
+def refill(seg, new):
+    """new; or, when seg is an OpenSegment already, seg with new's values copied in (a captured step reads seg)"""
+    if seg is None:
+        return new
+
+    def tensors(x):                                               # of a dataclass, list or tuple, in order
+        if torch.is_tensor(x):
+            return [x]
+        items = vars(x).values() if is_dataclass(x) else x if isinstance(x, (list, tuple)) else []
+        return [t for item in items for t in tensors(item)]
+
+    for old, value in zip(tensors(seg), tensors(new), strict=True):
+        old.copy_(value)
+    return seg
+
+
+# Copied from model_xl.py (CapturedStep)
+class CapturedStep:
+    """A model's step(tokens, seg) as a CUDA graph: one launch for the hundreds of kernels of a token, whose Python
+    and launch overhead otherwise cost more than their arithmetic at batch 1. The first call runs the step, as the
+    warm-up capture wants (on a side stream), then records it; later calls copy their tokens into the recorded input
+    and replay. step must keep its shapes and write only into seg's buffers (OpenSegment)."""
+
+    def __init__(self, step):
+        self.step, self.graph = step, None
+
+    def __call__(self, tokens, seg):
+        if self.graph is not None:
+            self.tokens.copy_(tokens)
+            self.graph.replay()
+            return self.logits
+        # the weights' autocast copies are made inside the graph, not cached outside it (and freed under it)
+        with torch.autocast('cuda', torch.get_autocast_dtype('cuda'), torch.is_autocast_enabled('cuda'),
+                            cache_enabled=False):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                logits = self.step(tokens, seg)                   # this token's step, and the warm-up
+            torch.cuda.current_stream().wait_stream(stream)
+            self.tokens, self.graph = tokens.clone(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self.step(self.tokens, seg)         # recorded, not run
+        return logits
 
 
 # Copied from model_xl.py (rel_shift)
