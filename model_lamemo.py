@@ -31,7 +31,7 @@ Letters: B rows, T segment tokens, M memory slots, W look-ahead window, K = M + 
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, is_dataclass
 from functools import partial
 
 import torch
@@ -86,13 +86,17 @@ class Memory:
 
 @dataclass
 class OpenSegment:
-    """A segment until it becomes the memory (forward(): one call; generate(): pieces t_i). Lists: one entry a layer."""
-    key_valid: torch.Tensor                          # (B, M + t) bool
-    emb: list                                        # pieces (B, t_i, C) of the embeddings h^0
-    kv: list = field(default_factory=list)           # (k, v) each (B, H, M + t, D) of [m^l ; tokens]
-    mem_states: list = field(default_factory=list)   # (C^↔, log s) (B, H, M, D), (B, H, M); not the last layer
-    seg_states: list = field(default_factory=list)   # pieces (C, log s) (B, H, t_i, D), (B, H, t_i) of the tokens
-    r_k: list = field(default_factory=list)          # W_{k,R} R (H, M + seg_len, D), distances M + seg_len - 1..0
+    """A segment until it becomes the memory, in buffers of fixed shape: forward() opens one on its T tokens and
+    closes it; generate() opens one on a segment's first tokens (their look-ahead refreshes the memory) and steps the
+    later ones in. S = T (forward) or seg_len (generate) token slots, K = M + S key slots, right-aligned as Memory's:
+    [refreshed memory ; tokens so far] fill the right end and padding the left. A step of T tokens slides the window
+    by T (decode() never lets a valid slot fall off), so every token's step has the same shapes and writes in place."""
+    key_valid: torch.Tensor  # (B, K) bool
+    kv: list                 # per layer (k, v), each (B, H, K, D): the keys and values of [m^l ; tokens]
+    emb: torch.Tensor        # (B, S, C) the embeddings h^0 of the last S tokens: layer 0's memory to be
+    mem_states: tuple        # (C^↔, log s) (n_layer-1, B, H, M, D), (n_layer-1, B, H, M): the merged memory's
+    seg_states: tuple        # (C, log s) (n_layer-1, B, H, S, D), (n_layer-1, B, H, S): the last S tokens'
+    r_k: list                # per layer W_{k,R} R (H, M + seg_len, D) for the distances M + seg_len - 1, ..., 0
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -141,16 +145,15 @@ def lookahead_merge(old_vec, old_lse, new_vec, new_lse, eps=LOOKAHEAD_EPS):
 
 
 def update_memory(memory, seg):
-    """The memory after the tokens of seg (OpenSegment), detached: layer 0's memory rolls FIFO over their embeddings;
+    """The memory after the S tokens of seg (OpenSegment), detached: layer 0's memory rolls FIFO over their embeddings;
     every layer but the last keeps C and log s of the last M positions (old ones merged, new ones the tokens' own)."""
-    emb = torch.cat(seg.emb, dim=1)                               # (B, T, C)
-    M, T = memory.mem.size(2), emb.size(1)
+    M, T = memory.mem.size(2), seg.emb.size(1)
 
     def last_M(k, dtype):       # state k (0: C, 1: log s) of every layer but the last -> (n_layer-1, B, H, M, ...)
-        return torch.stack([torch.cat([old[k].to(dtype)] + [p[k].to(dtype) for p in pieces], dim=2)[:, :, T:]
-                            for old, pieces in zip(seg.mem_states, seg.seg_states)]).detach().contiguous()
+        both = torch.cat([seg.mem_states[k].to(dtype), seg.seg_states[k].to(dtype)], dim=3)   # M + T positions
+        return both[:, :, :, T:].detach().contiguous()
 
-    mem = torch.cat([memory.mem[0], emb.to(memory.mem.dtype)], dim=1)[:, T:]      # (B, M, C)
+    mem = torch.cat([memory.mem[0], seg.emb.to(memory.mem.dtype)], dim=1)[:, T:]   # (B, M, C)
     return Memory(mem=mem[None].detach().contiguous(), length=(memory.length + T).clamp(max=M),
                   attn_vec=last_M(0, memory.attn_vec.dtype), attn_lse=last_M(1, memory.attn_lse.dtype),
                   prev_len=torch.full_like(memory.prev_len, T))
@@ -334,43 +337,32 @@ class Model(nn.Module):
 
     def _open_segment(self, h, memory):
         """All layers for the first T tokens h^0 (B, T, C) of a segment, refreshing the memory on the way up (steps
-        1-4 of the docstring). -> the last layer's output (B, T, C) and the OpenSegment."""
+        1-4 of the docstring). -> the last layer's output (B, T, C) and the OpenSegment of S = T token slots."""
         B, T, _ = h.shape
         M, device = memory.mem.size(2), h.device
         mem_valid = torch.arange(M, device=device)[None, :] >= (M - memory.length)[:, None]   # (B, M)
-        seg = OpenSegment(key_valid=torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1), emb=[h])
-        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, M+T)
+        key_valid = torch.cat([mem_valid, mem_valid.new_ones(B, T)], dim=1)                  # (B, M+T)
+        attn_mask = self._attn_mask(key_valid, T, M)              # (B, 1, T, M+T)
         K_max = M + self.config.seg_len                           # generate() slices the longest segment's W_{k,R} R
         r = self._positions(torch.arange(K_max - 1, -1, -1.0, device=device))         # (K_max, C) distances K_max-1..0
         if M > 0:
             la_mask = look_ahead_mask(memory, min(self.config.seg_len, M))           # (B, 1, M, W)
             r_future = self._positions(torch.arange(1.0, M + 1, device=device))        # (M, C) distances 1..M
-        m = memory.mem[0]                                         # (B, M, C) m^0, stored
+        m, emb = memory.mem[0], h                                 # (B, M, C) m^0, stored
+        kv, r_k, mem_states, seg_states = [], [], [], []
         for n, layer in enumerate(self.layers):
             u, v, v_future = self._biases(n)
-            seg.r_k.append(layer.attn.project_positions(r))
-            h, state, kv = layer(h, layer.attn.keys_values(m), seg.r_k[n][:, -(M + T):], u, v, attn_mask)
+            r_k.append(layer.attn.project_positions(r))
+            h, state, kv_n = layer(h, layer.attn.keys_values(m), r_k[n][:, -(M + T):], u, v, attn_mask)
             if v_future is not None:                              # the last layer has no next layer to refresh
                 old = (memory.attn_vec[n], memory.attn_lse[n])    # (B, H, M, D), (B, H, M)
                 if M > 0:
-                    m, old = layer.refresh(m, old, kv, r_future, u, v_future, la_mask, mem_valid)   # m^{l+1}
-                seg.mem_states.append(old)
-            seg.kv.append(kv)
-            seg.seg_states.append([state])
-        return h, seg
-
-    def _extend_segment(self, h, seg, M):
-        """Later tokens h (B, T, C) of an open segment (generate): they attend to the cached [refreshed memory ;
-        earlier tokens] as in Transformer-XL. -> the last layer's output."""
-        B, T, _ = h.shape
-        seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
-        attn_mask = self._attn_mask(seg.key_valid, T, M)          # (B, 1, T, K)
-        K = seg.key_valid.size(1)
-        seg.emb.append(h)
-        for n, layer in enumerate(self.layers):
-            h, state, seg.kv[n] = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._biases(n)[:2], attn_mask)   # u, v
-            seg.seg_states[n].append(state)
-        return h
+                    m, old = layer.refresh(m, old, kv_n, r_future, u, v_future, la_mask, mem_valid)   # m^{l+1}
+                mem_states.append(old)
+                seg_states.append(state)
+            kv.append(kv_n)
+        stacked = lambda states: tuple(torch.stack(x) for x in zip(*states))   # per layer (C, log s) -> over layers
+        return h, OpenSegment(key_valid, kv, emb, stacked(mem_states), stacked(seg_states), r_k)
 
     def forward(self, idx, memory, targets=None):
         """idx: (B, T) tokens, T <= seg_len; memory: Memory. Returns (logits, loss, new_memory, aux)."""
@@ -404,26 +396,51 @@ class Model(nn.Module):
         refresh = (L - 1) * 6 * (M * (C * HD + 2 * C * c.d_inner) + 4 * HD * M * W)   # look-ahead, W_o, FF
         return weights + attention + (memory + w_q + refresh) / T
 
+    def open_segment(self, memory, tokens, seg=None):
+        """A segment's first tokens (B, T) on memory, whose look-ahead refreshes it (_open_segment), in a new
+        OpenSegment of seg_len token slots or in seg's buffers (decode() reuses them). -> logits (B, V) of the last
+        token, the OpenSegment"""
+        h, new = self._open_segment(self.drop(self.word_emb(tokens)), memory)
+        pad = (0, 0, self.config.seg_len - tokens.size(1), 0)          # empty token slots on the left
+        seg = refill(seg, OpenSegment(key_valid=F.pad(new.key_valid, pad[2:]),
+                                      kv=[tuple(F.pad(x, pad) for x in xs) for xs in new.kv],
+                                      emb=F.pad(new.emb, pad), mem_states=new.mem_states,
+                                      seg_states=(F.pad(new.seg_states[0], pad), F.pad(new.seg_states[1], pad[2:])),
+                                      r_k=new.r_k))
+        return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight), seg
+
+    def step(self, tokens, seg):
+        """The next T tokens (B, T) of the open segment seg, which it updates in place: they attend to [refreshed
+        memory ; earlier tokens] as in Transformer-XL. -> logits (B, V) of the last"""
+        T = tokens.size(1)
+        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
+        attn_mask = self._attn_mask(key_valid, T, key_valid.size(1) - self.config.seg_len)          # (B, 1, T, K)
+        h = emb = self.drop(self.word_emb(tokens))                     # (B, T, C)
+        states = []
+        for n, layer in enumerate(self.layers):
+            k, v = seg.kv[n]                                           # the window without its T oldest slots
+            h, state, (k_new, v_new) = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n], *self._biases(n)[:2],
+                                             attn_mask)                # u, v
+            k.copy_(k_new)
+            v.copy_(v_new)
+            states.append(state)
+        seg.key_valid.copy_(key_valid)
+        seg.emb.copy_(torch.cat([seg.emb[:, T:], emb.to(seg.emb.dtype)], dim=1))
+        for old, new in zip(seg.seg_states, zip(*states[:-1])):       # C, log s of every layer but the last
+            old.copy_(torch.cat([old[:, :, :, T:], torch.stack(new).to(old.dtype)], dim=3))
+        return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
+
+    def close_segment(self, memory, seg):
+        """The memory after the open segment's seg_len tokens, as forward() makes it."""
+        return update_memory(memory, seg)
+
+    # Copied from model_xl.py (Model.generate)
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) after memory (optional), as decode(); a segment's first tokens refresh the memory."""
-        if memory is None:
-            memory = self.init_memory(idx.size(0), idx.device)
-        seg = None                                                      # the open segment, None until its first token
-
-        def step(tokens, closes_segment):
-            nonlocal memory, seg
-            h = self.drop(self.word_emb(tokens))                        # (B, T, C)
-            if seg is None:                                             # a segment opens: its first tokens refresh
-                h, seg = self._open_segment(h, memory)                  # the memory
-            else:
-                h = self._extend_segment(h, seg, memory.mem.size(2))
-            if closes_segment:                                          # it becomes the memory, as in forward()
-                memory = update_memory(memory, seg)
-                seg = None
-            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
-
-        return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None, cuda_graph=False):
+        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional; else a fresh one), as decode() says;
+        callback(tokens (B, 1)) after each new token; cuda_graph: replay each token's step as one CUDA graph."""
+        memory = self.init_memory(idx.size(0), idx.device) if memory is None else memory
+        return decode(self, idx, memory, max_new_tokens, temperature, top_k, callback, cuda_graph)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -489,21 +506,29 @@ def sample_next(logits, temperature=1.0, top_k=None):
 
 
 # Copied from model_xl.py (decode)
-def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
-    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
-    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
-    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
-    turns that segment into the memory, as forward() does at the end of a segment.
-    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, callback=None, cuda_graph=False):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes in as pieces that never cross a
+    segment boundary, then max_new_tokens tokens are sampled one at a time (sample_next), each fed back. The model
+    keeps the open segment in buffers of fixed shape (its OpenSegment): model.open_segment(memory, tokens, seg) starts
+    one with its first tokens, model.step(tokens, seg) adds the next, each returning the logits (B, V) of the last
+    token, and model.close_segment(memory, seg) turns it into the memory once it holds seg_len tokens (here is the
+    only place that counts them), as forward() does. Opening and closing happen once a segment; a step at every
+    token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
-    seg_pos = 0                                                   # tokens of the open segment so far
+    seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
+    step = CapturedStep(model.step) if cuda_graph else model.step
 
     def feed(tokens):
-        nonlocal seg_pos
+        nonlocal memory, seg_pos, seg
+        if seg_pos == 0:
+            logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
+        else:
+            logits = step(tokens, seg)
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
-        return step(tokens, closes_segment=seg_pos == 0)
+        if seg_pos == 0:
+            memory = model.close_segment(memory, seg)
+        return logits
 
     for start in range(0, idx.size(1), seg_len):
         logits = feed(idx[:, start:start + seg_len])
@@ -515,6 +540,52 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
         if i + 1 < max_new_tokens:
             logits = feed(idx_next)
     return idx
+
+
+# Copied from model_xl.py (refill)
+def refill(seg, new):
+    """new; or, when seg is an OpenSegment already, seg with new's values copied in (a captured step reads seg)"""
+    if seg is None:
+        return new
+
+    def tensors(x):                                               # of a dataclass, list or tuple, in order
+        if torch.is_tensor(x):
+            return [x]
+        items = vars(x).values() if is_dataclass(x) else x if isinstance(x, (list, tuple)) else []
+        return [t for item in items for t in tensors(item)]
+
+    for old, value in zip(tensors(seg), tensors(new), strict=True):
+        old.copy_(value)
+    return seg
+
+
+# Copied from model_xl.py (CapturedStep)
+class CapturedStep:
+    """A model's step(tokens, seg) as a CUDA graph: one launch for the hundreds of kernels of a token, whose Python
+    and launch overhead otherwise cost more than their arithmetic at batch 1. The first call runs the step, as the
+    warm-up capture wants (on a side stream), then records it; later calls copy their tokens into the recorded input
+    and replay. step must keep its shapes and write only into seg's buffers (OpenSegment)."""
+
+    def __init__(self, step):
+        self.step, self.graph = step, None
+
+    def __call__(self, tokens, seg):
+        if self.graph is not None:
+            self.tokens.copy_(tokens)
+            self.graph.replay()
+            return self.logits
+        # the weights' autocast copies are made inside the graph, not cached outside it (and freed under it)
+        with torch.autocast('cuda', torch.get_autocast_dtype('cuda'), torch.is_autocast_enabled('cuda'),
+                            cache_enabled=False):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                logits = self.step(tokens, seg)                   # this token's step, and the warm-up
+            torch.cuda.current_stream().wait_stream(stream)
+            self.tokens, self.graph = tokens.clone(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self.step(self.tokens, seg)         # recorded, not run
+        return logits
 
 
 # Copied from model_xl.py (rel_shift)
