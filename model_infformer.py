@@ -26,7 +26,7 @@ n_samples, S slots of Memory.mem, K keys of the STM attention; the paper's B is 
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from typing import NamedTuple
 
 import torch
@@ -293,14 +293,13 @@ class LongTermMemory(nn.Module):
                     ltm_hist=zeros(c.n_layer, batch_size, c.sticky_bins), ltm_rng=rng_seed(batch_size, device))
 
     def next_state(self, memory, start, densities, left):
-        """The ltm_* fields after a segment (SG); densities: n_layer lists of (μ, σ²) pieces; left: (B,) now waiting."""
+        """The ltm_* fields after a segment (SG); densities: n_layer (μ, σ²) each (B, H, T); left: (B,) now waiting."""
         c = self.config
         hist = memory.ltm_hist
         if c.ltm and c.sticky:                   # Eq. 16: p(d_j) ∝ the mass the segment's attention put in bin d_j
             with torch.no_grad():                # (SG: the histogram only picks the next write's points)
-                hist = torch.stack([sum(attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in pieces)
-                                    for pieces in densities])                          # (n_layer, B, n_bins)
-            hist = hist / hist.sum(-1, keepdim=True)
+                hist = torch.stack([attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in densities])
+            hist = hist / hist.sum(-1, keepdim=True)                                   # (n_layer, B, D)
         wrote = start.write.rows.long()
         return dict(ltm_pending=memory.ltm_pending - c.seg_len * wrote + left, ltm_written=start.write.written,
                     ltm_B=torch.stack(start.ltm_B).to(memory.ltm_B.dtype).detach().contiguous(),
@@ -309,8 +308,9 @@ class LongTermMemory(nn.Module):
     def begin_segment(self, memory, attentions):
         """This step's write (§3.2) -> (n_layer ltm_B (B, N, C), n_layer LTMRead (None: no LTM), LTMWrite)"""
         due = self.due(memory)
-        if not self.config.ltm:                        # the waiting vectors are dropped, the LTM stays as it was
-            return list(memory.ltm_B), [None] * len(attentions), due._replace(written=memory.ltm_written)
+        if not self.config.ltm:      # the waiting vectors are dropped, the LTM stays as it was, copied (an
+            ltm_B, written = memory.ltm_B.clone(), memory.ltm_written.clone()   # OpenSegment's refill writes in it)
+            return list(ltm_B), [None] * len(attentions), due._replace(written=written)
         ltm_B = [self.write(n, memory, due, attn.gated) for n, attn in enumerate(attentions)]
         read = [LTMRead(*attn.keys_values(layer_B.to(attn.key_net.weight.dtype)), due.written > 0, self.basis_mu,
                         self.basis_sigma) for attn, layer_B in zip(attentions, ltm_B)]
@@ -535,13 +535,17 @@ class SegmentStart(NamedTuple):
 
 @dataclass
 class OpenSegment:
-    """generate()'s segment until decode() closes it; the lists hold one entry per layer; t tokens in pieces t_i."""
-    start: SegmentStart      # what the segment's positions share: the STM's keys and the LTM after its write
-    key_valid: torch.Tensor  # (B, mem_len + t) bool over [STM ; tokens]
-    kv: list                 # (k, v) each (B, H, mem_len + t, D): the cached keys and values of [STM ; tokens]
-    hids: list               # pieces (B, t_i, C) of the layer's inputs: its STM to be
-    densities: list          # pieces (μ, σ²) each (B, H, t_i) of the layer's LTM attention (for sticky memories)
-    r_k: list                # W_{k,R} R (H, mem_len + seg_len, D) for distances mem_len + seg_len - 1, ..., 0
+    """generate()'s segment, from its first token until decode() closes it into the memory, in buffers of fixed shape
+    (forward() takes a whole segment in one call). K = mem_len + seg_len slots, right-aligned as Memory's: [STM ;
+    tokens so far] fill the right end and padding the left. A step of T tokens slides the window by T (decode() never
+    lets a valid slot fall off), so every token's step has the same shapes and writes in place: decode() can capture
+    it. The LTM, written once at the segment's start (§3.2), is read by every step and kept by the close."""
+    start: SegmentStart      # the LTM after its write: each layer's LTMRead, ltm_B, the LTMWrite (and the STM's keys)
+    key_valid: torch.Tensor  # (B, K) bool
+    kv: list                 # per layer (k, v), each (B, H, K, D): the keys and values of the K slots
+    hids: torch.Tensor       # (n_layer, B, seg_len, C) the layers' inputs of the last seg_len tokens: the STM to be
+    densities: torch.Tensor  # (2, n_layer, B, H, seg_len) μ and σ² of their LTM reads (Eqs. 9-10), for Eq. 16
+    r_k: list                # per layer W_{k,R} R (H, K, D) for the distances K-1, ..., 0
 
 
 class Model(nn.Module):
@@ -647,7 +651,7 @@ class Model(nn.Module):
         h = self.drop(self.ln_f(h))
         logits = F.linear(h, self.word_emb.weight)                                   # (B, T, V)
 
-        new_memory = self._update_memory(memory, start, hids, [[d] for d in densities])   # one piece per layer
+        new_memory = self._update_memory(memory, start, hids, densities)
         loss, aux = None, {}
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -675,38 +679,55 @@ class Model(nn.Module):
         ltm = self.long_term.flops_per_token() + self.layers[0].attn.ltm.flops_per_token(c)   # a layer's LTM
         return flops + (L * ltm if c.ltm else 0)
 
+    # --- generation ---------------------------------------------------------------------------------------
+
+    def open_segment(self, memory, tokens, seg=None):
+        """A segment's first tokens (B, T) on memory, in a new OpenSegment or in seg's buffers (decode() reuses them).
+        The LTM's write (§3.2) happens here. -> the logits (B, V) of the last token, the OpenSegment"""
+        c, B, f32 = self.config, tokens.size(0), torch.promote_types(memory.mem.dtype, torch.float32)
+        start = self._begin_segment(memory)
+        pad, K = (0, 0, c.seg_len, 0), start.stm_valid.size(1) + c.seg_len   # seg_len empty slots on the left
+        r = self._relative_positions(K, tokens.device)                 # (K, C)
+        seg = refill(seg, OpenSegment(start=start, key_valid=F.pad(start.stm_valid, pad[2:]),
+                                      kv=[tuple(F.pad(x, pad) for x in xs) for xs in start.stm_kv],
+                                      hids=memory.mem.new_zeros(c.n_layer, B, c.seg_len, c.n_embd),
+                                      densities=memory.mem.new_zeros(2, c.n_layer, B, c.n_head, c.seg_len, dtype=f32),
+                                      r_k=[layer.attn.project_positions(r) for layer in self.layers]))
+        return self.step(tokens, seg), seg
+
+    def step(self, tokens, seg):
+        """The next T tokens (B, T) of the open segment seg, which it updates in place. -> logits (B, V) of the last"""
+        T = tokens.size(1)
+        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
+        attn_mask = causal_mask(key_valid, T)                          # (B, 1, T, K)
+        h = self.drop(self.word_emb(tokens))                           # (B, T, C)
+        hids, densities = [], []
+        for n, layer in enumerate(self.layers):
+            hids.append(h)
+            k, v = seg.kv[n]                                           # the window without its T oldest slots
+            h, (k_new, v_new), density = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n], *self._u_v(n), attn_mask,
+                                               seg.start.ltm_read[n])
+            k.copy_(k_new)
+            v.copy_(v_new)
+            densities.append(density)
+        seg.key_valid.copy_(key_valid)
+        seg.hids.copy_(torch.cat([seg.hids[:, :, T:], torch.stack(hids).to(seg.hids.dtype)], dim=2))
+        if self.config.ltm:                                            # (no LTM: no densities)
+            new = torch.stack([torch.stack(d) for d in densities], dim=1).to(seg.densities.dtype)   # (2, .., B, H, T)
+            seg.densities.copy_(torch.cat([seg.densities[..., T:], new], dim=-1))
+        return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
+
+    def close_segment(self, memory, seg):
+        """The memory after the open segment's seg_len tokens, as forward() makes it (with the LTM of its start)."""
+        return self._update_memory(memory, seg.start, seg.hids.unbind(0), list(zip(*seg.densities)))
+
+    # Copied from model_xl.py (Model.generate)
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None):
-        """Continue idx (B, T0) after memory; a segment opens as forward() does, and its close updates the memory."""
-        B = idx.size(0)
-        if memory is None:
-            memory = self.init_memory(B, idx.device)
-        seg = None                                                      # the open segment, None until its first token
-
-        def step(tokens, closes_segment):
-            nonlocal memory, seg
-            if seg is None:                                             # a segment opens on the memory
-                start = self._begin_segment(memory)
-                r = self._relative_positions(start.stm_valid.size(1) + self.config.seg_len, idx.device)
-                seg = OpenSegment(start=start, key_valid=start.stm_valid, kv=list(start.stm_kv),
-                                  hids=[[] for _ in self.layers], densities=[[] for _ in self.layers],
-                                  r_k=[layer.attn.project_positions(r) for layer in self.layers])
-            T = tokens.size(1)
-            seg.key_valid = torch.cat([seg.key_valid, seg.key_valid.new_ones(B, T)], dim=1)
-            K = seg.key_valid.size(1)
-            attn_mask = causal_mask(seg.key_valid, T)
-            h = self.drop(self.word_emb(tokens))
-            for n, layer in enumerate(self.layers):
-                seg.hids[n].append(h)
-                h, seg.kv[n], density = layer(h, seg.kv[n], seg.r_k[n][:, -K:], *self._u_v(n), attn_mask,
-                                              seg.start.ltm_read[n])
-                seg.densities[n].append(density)
-            if closes_segment:                                          # it becomes the memory, as in forward()
-                memory = self._update_memory(memory, seg.start, [torch.cat(p, 1) for p in seg.hids], seg.densities)
-                seg = None
-            return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)   # (B, V) logits of the last position
-
-        return decode(step, idx, max_new_tokens, self.config.seg_len, temperature, top_k, callback)
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None, cuda_graph=False):
+        """Continue idx (B, T0) by max_new_tokens tokens after memory (optional; else a fresh one), as decode() says;
+        callback(tokens (B, 1)) after each new token; cuda_graph: replay each token's step as one CUDA graph."""
+        memory = self.init_memory(idx.size(0), idx.device) if memory is None else memory
+        return decode(self, idx, memory, max_new_tokens, temperature, top_k, callback, cuda_graph)
 
 
 # Copied from model_xl.py (sample_next)
@@ -722,21 +743,29 @@ def sample_next(logits, temperature=1.0, top_k=None):
 
 
 # Copied from model_xl.py (decode)
-def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, callback=None):
-    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes through step() in pieces that
-    never cross a segment boundary, then max_new_tokens tokens are sampled one at a time, each fed back through
-    step(). step(tokens (B, T), closes_segment) -> (B, V) logits of the last position; it adds the tokens to the
-    model's open segment, and when closes_segment (seg_len tokens are in: here is the only place that counts them)
-    turns that segment into the memory, as forward() does at the end of a segment.
-    callback(tokens (B, 1)) is called after each sampled token (sample.py streams text with it)."""
+def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, callback=None, cuda_graph=False):
+    """The sampling loop of every model's generate(). The prompt idx (B, T0) goes in as pieces that never cross a
+    segment boundary, then max_new_tokens tokens are sampled one at a time (sample_next), each fed back. The model
+    keeps the open segment in buffers of fixed shape (its OpenSegment): model.open_segment(memory, tokens, seg) starts
+    one with its first tokens, model.step(tokens, seg) adds the next, each returning the logits (B, V) of the last
+    token, and model.close_segment(memory, seg) turns it into the memory once it holds seg_len tokens (here is the
+    only place that counts them), as forward() does. Opening and closing happen once a segment; a step at every
+    token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
-    seg_pos = 0                                                   # tokens of the open segment so far
+    seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
+    step = CapturedStep(model.step) if cuda_graph else model.step
 
     def feed(tokens):
-        nonlocal seg_pos
+        nonlocal memory, seg_pos, seg
+        if seg_pos == 0:
+            logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
+        else:
+            logits = step(tokens, seg)
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
-        return step(tokens, closes_segment=seg_pos == 0)
+        if seg_pos == 0:
+            memory = model.close_segment(memory, seg)
+        return logits
 
     for start in range(0, idx.size(1), seg_len):
         logits = feed(idx[:, start:start + seg_len])
@@ -748,3 +777,49 @@ def decode(step, idx, max_new_tokens, seg_len, temperature=1.0, top_k=None, call
         if i + 1 < max_new_tokens:
             logits = feed(idx_next)
     return idx
+
+
+# Copied from model_xl.py (refill)
+def refill(seg, new):
+    """new; or, when seg is an OpenSegment already, seg with new's values copied in (a captured step reads seg)"""
+    if seg is None:
+        return new
+
+    def tensors(x):                                               # of a dataclass, list or tuple, in order
+        if torch.is_tensor(x):
+            return [x]
+        items = vars(x).values() if is_dataclass(x) else x if isinstance(x, (list, tuple)) else []
+        return [t for item in items for t in tensors(item)]
+
+    for old, value in zip(tensors(seg), tensors(new), strict=True):
+        old.copy_(value)
+    return seg
+
+
+# Copied from model_xl.py (CapturedStep)
+class CapturedStep:
+    """A model's step(tokens, seg) as a CUDA graph: one launch for the hundreds of kernels of a token, whose Python
+    and launch overhead otherwise cost more than their arithmetic at batch 1. The first call runs the step, as the
+    warm-up capture wants (on a side stream), then records it; later calls copy their tokens into the recorded input
+    and replay. step must keep its shapes and write only into seg's buffers (OpenSegment)."""
+
+    def __init__(self, step):
+        self.step, self.graph = step, None
+
+    def __call__(self, tokens, seg):
+        if self.graph is not None:
+            self.tokens.copy_(tokens)
+            self.graph.replay()
+            return self.logits
+        # the weights' autocast copies are made inside the graph, not cached outside it (and freed under it)
+        with torch.autocast('cuda', torch.get_autocast_dtype('cuda'), torch.is_autocast_enabled('cuda'),
+                            cache_enabled=False):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                logits = self.step(tokens, seg)                   # this token's step, and the warm-up
+            torch.cuda.current_stream().wait_stream(stream)
+            self.tokens, self.graph = tokens.clone(), torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.logits = self.step(self.tokens, seg)         # recorded, not run
+        return logits
