@@ -343,7 +343,9 @@ class Model(nn.Module):
         -> the logits (B, V) of the last token, the OpenSegment"""
         c, B = self.config, tokens.size(0)
         H, D = c.n_head, c.d_head
-        slots = memory.M.new_zeros(B, H, c.seg_len, D)                 # (B, H, K, D), all padding
+        kind = tokens.device.type                                       # the slots take the projections' dtype
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.word_emb.weight.dtype
+        slots = torch.zeros(B, H, c.seg_len, D, dtype=dtype, device=tokens.device)   # (B, H, K, D), all padding
         seg = refill(seg, OpenSegment(t=torch.zeros(1, dtype=torch.long, device=tokens.device),
                                       key_valid=torch.zeros(B, c.seg_len, dtype=torch.bool, device=tokens.device),
                                       kv=[(slots.clone(), slots.clone(), slots.clone()) for _ in self.layers],
