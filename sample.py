@@ -6,6 +6,8 @@ Sample from a trained nanomem checkpoint (any model), with the prompt fed throug
 
 A long prompt is read segment by segment (seg_len tokens at a time), exactly as in training, so it lands in the
 model's memory; generation then continues from the last partial segment. Text streams to stdout as it is made.
+On CUDA each new token's step is replayed as one CUDA graph (`--cuda_graph=False` runs it op by op): at batch 1 a
+token is hundreds of small kernels, whose launches otherwise cost more than their arithmetic.
 
 The tokenizer is the one the checkpoint was trained with (train.py records it): GPT-2 BPE, UTF-8 bytes (enwik8,
 data/gutenberg/prepare.py --tokenizer=bytes) or a character table (text8). A byte model's prompt, a FILE: one
@@ -57,6 +59,7 @@ class SampleConfig:
     seed: int = 1337
     device: str = 'auto'
     dtype: str = 'auto'                # auto = bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere
+    cuda_graph: bool = True            # on CUDA, replay each token's decode step as one CUDA graph; False: run it
 
     def __post_init__(self):
         for name in ('num_samples', 'max_new_tokens'):
@@ -160,6 +163,7 @@ def sample(argv):
     if n_full:
         print(f"[{n_full * T:,} prompt tokens in memory, {rest.size(1)} in the last segment]", file=sys.stderr)
 
+    graph = {'cuda_graph': True} if cfg.cuda_graph and device_type == 'cuda' else {}   # a CPU has no graphs
     for i in range(cfg.num_samples):
         streamer = Streamer(tokenizer)
         if not cfg.start.startswith('FILE:'):
@@ -167,7 +171,7 @@ def sample(argv):
         sample_memory = replace(memory, **{f.name: getattr(memory, f.name).clone() for f in fields(memory)})
         with ctx:
             model.generate(rest, cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k or None,
-                           memory=sample_memory, callback=streamer)
+                           memory=sample_memory, callback=streamer, **graph)
         streamer.close()
         sys.stdout.write('\n' + ('-' * 40 + '\n' if i + 1 < cfg.num_samples else ''))
         sys.stdout.flush()

@@ -248,12 +248,14 @@ def relative_paths(value, root=REPO):
 
 
 def write_json(path, payload, script, argv):
-    """The results as JSON, with the date, the torch version and the command that made them; every path in them
-    relative to the repository (relative_paths)."""
+    """The results as JSON, with the date, the torch version (and CUDA's, the GPU's name) and the command that made
+    them; every path in them relative to the repository (relative_paths)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), 'torch': torch.__version__,
                'threads': torch.get_num_threads(), 'command': ' '.join(['python', script] + list(argv)), **payload}
+    if torch.cuda.is_available():
+        payload = {'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name(), **payload}
     path.write_text(json.dumps(relative_paths(payload), indent=1) + '\n')
     print(f"wrote {path}")
     return path

@@ -75,6 +75,23 @@ def test_string_prompt_two_greedy_samples(ckpt_dir, model, enc):
     assert stdout == expected + SEPARATOR + expected
 
 
+@pytest.mark.parametrize('flag, device_type, asked', [(True, 'cuda', True), (False, 'cuda', False),
+                                                      (True, 'cpu', False)])
+def test_cuda_graph_is_asked_for_on_cuda_unless_turned_off(ckpt_dir, monkeypatch, capsys, flag, device_type, asked):
+    """--cuda_graph (default True) reaches generate() on CUDA only (the device is faked: the model runs on the CPU)."""
+    import model_xl
+    seen, generate = [], model_xl.Model.generate
+
+    def recording(self, *args, **kwargs):
+        seen.append(kwargs.pop('cuda_graph', False))
+        return generate(self, *args, **kwargs)
+    monkeypatch.setattr(model_xl.Model, 'generate', recording)
+    monkeypatch.setattr(sample, 'resolve_device', lambda name: ('cpu', device_type))
+    sample.main([f'--out_dir={ckpt_dir}', '--max_new_tokens=3', '--temperature=0', '--dtype=float32',
+                 f'--cuda_graph={flag}'])
+    assert seen == [asked]
+
+
 @pytest.mark.parametrize('mem_len', [-1, 40])
 def test_file_prompt_goes_through_memory(ckpt_dir, model, enc, tmp_path, mem_len):
     """A FILE: prompt of ~8 segments is read segment by segment into the memory: greedy output equals generate()

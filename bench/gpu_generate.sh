@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Generation on one CUDA GPU, in one call (a lent machine has minutes; nothing here needs a network):
+#
+#   OUT=out-gpu-generate bash bench/gpu_generate.sh      # on the GPU machine; results and logs land in $OUT
+#
+# 1. tests/test_decode.py's captured-step test: generate(cuda_graph=True) picks the tokens of the step run op by op,
+#    every model, float32 and bf16 autocast, prompts crossing segments, with a memory carried from before.
+# 2. sample.py on a checkpoint trained ITERS steps: --cuda_graph=True (the default) and False print the same greedy
+#    text; both are timed.
+# 3. bench/speed.py's generation part at segment 512, every variant: tokens/s of the cached step, the captured step
+#    and recomputing the open segment through forward(), a prompt of 256 tokens and GEN_TOKENS new ones (300 cross
+#    a segment boundary: its memory update, compression or LTM write is timed with the rest).
+# DEVICE=cpu GEN_TOKENS=4 ROUNDS=1 runs it on a CPU as a dry run (no graphs there: part 1 is skipped).
+set -u
+OUT=${OUT:-out-gpu-generate}
+DEVICE=${DEVICE:-cuda}
+PY=${PY:-python3}
+ITERS=${ITERS:-60}
+GEN_TOKENS=${GEN_TOKENS:-300}
+ROUNDS=${ROUNDS:-2}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+START=$SECONDS
+say() { echo "== +$((SECONDS - START))s $*"; }
+
+say "machine"
+nvidia-smi -L 2>/dev/null
+$PY -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+
+say "1. the captured step equals the plain one"
+timeout 200 $PY -m pytest -q -p no:cacheprovider tests/test_decode.py -k captured > "$OUT/test_decode.log" 2>&1
+tail -n 6 "$OUT/test_decode.log"
+
+say "2. sample.py with and without --cuda_graph"
+D="$OUT/ckpt"
+timeout 60 $PY data/gutenberg/prepare.py > "$OUT/prepare.log" 2>&1
+timeout 120 $PY train.py config/xl_demo.py --device="$DEVICE" --compile=False --max_iters="$ITERS" \
+    --eval_interval="$ITERS" --out_dir="$D" --overwrite=True > "$OUT/train.log" 2>&1 || tail -n 5 "$OUT/train.log"
+for graph in True False; do
+    s=$SECONDS
+    timeout 120 $PY sample.py --out_dir="$D" --device="$DEVICE" --start="ROMEO. " --max_new_tokens=400 \
+        --temperature=0 --cuda_graph=$graph > "$OUT/sample_graph_$graph.txt" 2> "$OUT/sample_graph_$graph.err"
+    echo "sample.py --cuda_graph=$graph: exit $?, $((SECONDS - s)) s (imports and loading included)"
+done
+cmp "$OUT/sample_graph_True.txt" "$OUT/sample_graph_False.txt" && echo "sample.py: the same greedy text"
+rm -rf "$D"
+
+say "3. bench/speed.py generation, segment 512"
+timeout 280 $PY bench/speed.py --device="$DEVICE" --parts=generate --gen_seg_len=512 --gen_tokens="$GEN_TOKENS" \
+    --gen_rounds="$ROUNDS" --plot=False --out="$OUT/speed_generate.json" > "$OUT/speed.log" 2>&1
+grep -v "^\s*$" "$OUT/speed.log" | tail -n 14
+say "done"
