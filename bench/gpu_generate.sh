@@ -34,13 +34,13 @@ tail -n 6 "$OUT/test_decode.log"
 
 say "2. sample.py with and without --cuda_graph"
 D="$OUT/ckpt"
-timeout 60 $PY data/gutenberg/prepare.py > "$OUT/prepare.log" 2>&1
+timeout 60 $PY data/gutenberg/prepare.py > /dev/null 2>&1
 timeout 120 $PY train.py config/xl_demo.py --device="$DEVICE" --compile=False --max_iters="$ITERS" \
     --eval_interval="$ITERS" --out_dir="$D" --overwrite=True > "$OUT/train.log" 2>&1 || tail -n 5 "$OUT/train.log"
 for graph in True False; do
     s=$SECONDS
     timeout 120 $PY sample.py --out_dir="$D" --device="$DEVICE" --start="ROMEO. " --max_new_tokens=400 \
-        --temperature=0 --cuda_graph=$graph > "$OUT/sample_graph_$graph.txt" 2> "$OUT/sample_graph_$graph.err"
+        --temperature=0 --cuda_graph=$graph > "$OUT/sample_graph_$graph.txt" 2>> "$OUT/sample.err"
     echo "sample.py --cuda_graph=$graph: exit $?, $((SECONDS - s)) s (imports and loading included)"
 done
 cmp "$OUT/sample_graph_True.txt" "$OUT/sample_graph_False.txt" && echo "sample.py: the same greedy text"
