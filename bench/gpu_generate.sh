@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Generation on one CUDA GPU, in one call (a lent machine has minutes; nothing here needs a network):
+# Generation on one CUDA GPU, in one call (a lent machine has minutes and no network):
 #
+#   python data/gutenberg/prepare.py                    # here, first; carry data/gutenberg/*.bin, *.npy, meta.json
 #   OUT=out-gpu-generate bash bench/gpu_generate.sh      # on the GPU machine; results and logs land in $OUT
 #
 # 1. tests/test_decode.py's captured-step test: generate(cuda_graph=True) picks the tokens of the step run op by op,
@@ -34,7 +35,7 @@ tail -n 6 "$OUT/test_decode.log"
 
 say "2. sample.py with and without --cuda_graph"
 D="$OUT/ckpt"
-timeout 60 $PY data/gutenberg/prepare.py > /dev/null 2>&1
+[ -f data/gutenberg/train.bin ] || timeout 60 $PY data/gutenberg/prepare.py > /dev/null 2>&1   # carried: no network
 timeout 120 $PY train.py config/xl_demo.py --device="$DEVICE" --compile=False --max_iters="$ITERS" \
     --eval_interval="$ITERS" --out_dir="$D" --overwrite=True > "$OUT/train.log" 2>&1 || tail -n 5 "$OUT/train.log"
 for graph in True False; do
