@@ -386,8 +386,8 @@ def check_targets(result):
     compile + bf16 >= 1.8x eager fp32 for every model; generation with the cache >= 5x recomputing (on CUDA the step
     replayed as a CUDA graph), with the same greedy tokens."""
     out = {}
-    for name, modes in result['train'].items():
-        t = {}
+    for name in dict.fromkeys(list(result['train']) + list(result['generate'])):
+        modes, t = result['train'].get(name, {}), {}
         if name != 'baseline':
             t.update({f'{mode}_vs_baseline>=0.75': r['ratio_to_baseline'] >= 0.75
                       for mode, r in modes.items() if 'ratio_to_baseline' in r})
