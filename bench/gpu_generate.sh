@@ -7,7 +7,7 @@
 # 1. tests/test_decode.py's captured-step test: generate(cuda_graph=True) picks the tokens of the step run op by op,
 #    every model, float32 and bf16 autocast, prompts crossing segments, with a memory carried from before.
 # 2. sample.py on a checkpoint trained ITERS steps, README.md as the prompt (its ~55 segments go through the memory):
-#    --cuda_graph=True (the default) and False print the same greedy text; both are timed.
+#    --cuda_graph=True (the default) and False print the same text, greedy and sampled (--seed=1); all are timed.
 # 3. bench/speed.py's generation part at segment 512, every variant: tokens/s of the cached step, the captured step
 #    and recomputing the open segment through forward(), a prompt of 256 tokens and GEN_TOKENS new ones (300 cross
 #    a segment boundary: its memory update, compression or LTM write is timed with the rest).
@@ -16,7 +16,7 @@ set -u
 OUT=${OUT:-out-gpu-generate}
 DEVICE=${DEVICE:-cuda}
 PY=${PY:-python3}
-ITERS=${ITERS:-60}
+ITERS=${ITERS:-300}
 GEN_TOKENS=${GEN_TOKENS:-300}
 ROUNDS=${ROUNDS:-2}
 PARTS=${PARTS:-1,2,3}             # which of the parts below to run
@@ -44,16 +44,20 @@ D="$OUT/ckpt"
 [ -f data/gutenberg/train.bin ] || timeout 60 $PY data/gutenberg/prepare.py > /dev/null 2>&1   # carried: no network
 timeout 120 $PY train.py config/xl_demo.py --device="$DEVICE" --compile=False --max_iters="$ITERS" \
     --eval_interval="$ITERS" --out_dir="$D" --overwrite=True > "$OUT/train.log" 2>&1 || tail -n 5 "$OUT/train.log"
-ok=0
-for graph in True False; do
-    s=$SECONDS
-    timeout 120 $PY sample.py --out_dir="$D" --device="$DEVICE" --start=FILE:README.md --max_new_tokens=400 \
-        --temperature=0 --cuda_graph=$graph > "$OUT/sample_graph_$graph.txt" 2>> "$OUT/sample.err"
-    rc=$?
-    echo "sample.py --cuda_graph=$graph: exit $rc, $((SECONDS - s)) s (imports and loading included)"
-    [ $rc -eq 0 ] && ok=$((ok + 1))
+for temperature in 0 0.8; do                                   # greedy, and sampled with --seed's random numbers
+    ok=0
+    for graph in True False; do
+        s=$SECONDS
+        f="$OUT/sample_graph_${graph}_t$temperature.txt"
+        timeout 120 $PY sample.py --out_dir="$D" --device="$DEVICE" --start=FILE:README.md --max_new_tokens=400 \
+            --temperature=$temperature --seed=1 --cuda_graph=$graph > "$f" 2>> "$OUT/sample.err"
+        rc=$?
+        echo "sample.py --temperature=$temperature --cuda_graph=$graph: exit $rc, $((SECONDS - s)) s (with imports)"
+        [ $rc -eq 0 ] && ok=$((ok + 1))
+    done
+    [ $ok -eq 2 ] && cmp "$OUT/sample_graph_True_t$temperature.txt" "$OUT/sample_graph_False_t$temperature.txt" \
+        && echo "sample.py --temperature=$temperature: the same text with and without the graph"
 done
-[ $ok -eq 2 ] && cmp "$OUT/sample_graph_True.txt" "$OUT/sample_graph_False.txt" && echo "sample.py: the same greedy text"
 rm -rf "$D"
 fi
 
