@@ -299,7 +299,7 @@ class LongTermMemory(nn.Module):
         if c.ltm and c.sticky:                   # Eq. 16: p(d_j) ∝ the mass the segment's attention put in bin d_j
             with torch.no_grad():                # (SG: the histogram only picks the next write's points)
                 hist = torch.stack([attention_histogram(mu, s2, c.sticky_bins) for mu, s2 in densities])
-            hist = hist / hist.sum(-1, keepdim=True)                                   # (n_layer, B, D)
+            hist = hist / hist.sum(-1, keepdim=True)                                   # (n_layer, B, n_bins)
         wrote = start.write.rows.long()
         return dict(ltm_pending=memory.ltm_pending - c.seg_len * wrote + left, ltm_written=start.write.written,
                     ltm_B=torch.stack(start.ltm_B).to(memory.ltm_B.dtype).detach().contiguous(),
@@ -693,28 +693,30 @@ class Model(nn.Module):
                                       hids=memory.mem.new_zeros(c.n_layer, B, c.seg_len, c.n_embd),
                                       densities=memory.mem.new_zeros(2, c.n_layer, B, c.n_head, c.seg_len, dtype=f32),
                                       r_k=[layer.attn.project_positions(r) for layer in self.layers]))
-        return self.step(tokens, seg), seg
+        return self.step(tokens, seg, tokens.size(1)), seg
 
-    def step(self, tokens, seg):
-        """The next T tokens (B, T) of the open segment seg, which it updates in place. -> logits (B, V) of the last"""
-        T = tokens.size(1)
-        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
-        attn_mask = causal_mask(key_valid, T)                          # (B, 1, T, K)
+    def step(self, tokens, seg, filled=None):
+        """The next T tokens (B, T) of the open segment seg, which it updates in place. filled: as model_xl.py's (the
+        step skips the seg_len - filled padding slots on the left; None: it reads them too, as a graph wants).
+        -> logits (B, V) of the last"""
+        T, S = tokens.size(1), 0 if filled is None else self.config.seg_len - filled   # S slots skipped
+        key_valid = torch.cat([seg.key_valid[:, S + T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K-S)
+        attn_mask = causal_mask(key_valid, T)                          # (B, 1, T, K-S)
         h = self.drop(self.word_emb(tokens))                           # (B, T, C)
         hids, densities = [], []
         for n, layer in enumerate(self.layers):
             hids.append(h)
-            k, v = seg.kv[n]                                           # the window without its T oldest slots
-            h, (k_new, v_new), density = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n], *self._u_v(n), attn_mask,
-                                               seg.start.ltm_read[n])
+            k, v = (x[:, :, S:] for x in seg.kv[n])                    # the slots it reads, less the T oldest below
+            h, (k_new, v_new), density = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n][:, S:], *self._u_v(n),
+                                               attn_mask, seg.start.ltm_read[n])
             k.copy_(k_new)
             v.copy_(v_new)
             densities.append(density)
-        seg.key_valid.copy_(key_valid)
-        seg.hids.copy_(torch.cat([seg.hids[:, :, T:], torch.stack(hids).to(seg.hids.dtype)], dim=2))
+        seg.key_valid[:, S:] = key_valid
+        seg.hids[:, :, S:] = torch.cat([seg.hids[:, :, S + T:], torch.stack(hids).to(seg.hids.dtype)], dim=2)
         if self.config.ltm:                                            # (no LTM: no densities)
             new = torch.stack([torch.stack(d) for d in densities], dim=1).to(seg.densities.dtype)   # (2, .., B, H, T)
-            seg.densities.copy_(torch.cat([seg.densities[..., T:], new], dim=-1))
+            seg.densities[..., S:] = torch.cat([seg.densities[..., S + T:], new], dim=-1)
         return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
 
     def close_segment(self, memory, seg):
@@ -753,15 +755,19 @@ def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, call
     token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    if cuda_graph and idx.device.type != 'cuda':
+        raise ValueError(f"cuda_graph=True needs the model and idx on a CUDA device, not {idx.device}")
     seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
-    step = CapturedStep(model.step) if cuda_graph else model.step
+    captured = CapturedStep(model.step) if cuda_graph else None
 
     def feed(tokens):
         nonlocal memory, seg_pos, seg
         if seg_pos == 0:
             logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
-        else:
-            logits = step(tokens, seg)
+        elif captured:                                             # every slot, the same shapes at every token
+            logits = captured(tokens, seg)
+        else:                                                      # the slots in use
+            logits = model.step(tokens, seg, seg_pos + tokens.size(1))
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
         if seg_pos == 0:
             memory = model.close_segment(memory, seg)

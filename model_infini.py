@@ -351,22 +351,25 @@ class Model(nn.Module):
                                       kv=[(slots.clone(), slots.clone(), slots.clone()) for _ in self.layers],
                                       M=memory.M.clone(), z=memory.z.clone(),
                                       has_memory=(memory.length > 0).view(B, 1, 1, 1)))
-        return self.step(tokens, seg), seg
+        return self.step(tokens, seg, tokens.size(1)), seg
 
-    def step(self, tokens, seg):
-        """The next T tokens (B, T) of the open segment seg, which it updates in place. -> logits (B, V) of the last"""
-        T, K = tokens.size(1), self.config.seg_len
-        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
+    def step(self, tokens, seg, filled=None):
+        """The next T tokens (B, T) of the open segment seg, which it updates in place. filled: as model_xl.py's (the
+        step skips the seg_len - filled padding slots on the left; None: it reads them too, as a graph wants).
+        -> logits (B, V) of the last"""
+        T, S = tokens.size(1), 0 if filled is None else self.config.seg_len - filled   # S slots skipped
+        K = self.config.seg_len - S                                    # the slots it reads
+        key_valid = torch.cat([seg.key_valid[:, S + T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
         causal = torch.ones(T, K, dtype=torch.bool, device=tokens.device).tril(K - T)   # query i sits at K - T + i
         attn_mask = (causal & key_valid[:, None, :])[:, None]         # (B, 1, T, K)
         rope = self.rope(seg.t, T)                                     # positions t .. t+T-1 of the segment
         h = self.drop(self.word_emb(tokens))                           # (B, T, C)
         for n, layer in enumerate(self.layers):
-            cache = tuple(x[:, :, T:] for x in seg.kv[n])             # the window without its T oldest slots
+            cache = tuple(x[:, :, S + T:] for x in seg.kv[n])         # the slots it reads, less the T oldest
             h, kv = layer(h, seg.M[n], seg.z[n], seg.has_memory, rope, attn_mask, cache)
             for old, new in zip(seg.kv[n], kv):
-                old.copy_(new)
-        seg.key_valid.copy_(key_valid)
+                old[:, :, S:] = new
+        seg.key_valid[:, S:] = key_valid
         seg.t.add_(T)
         return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
 
@@ -446,15 +449,19 @@ def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, call
     token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    if cuda_graph and idx.device.type != 'cuda':
+        raise ValueError(f"cuda_graph=True needs the model and idx on a CUDA device, not {idx.device}")
     seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
-    step = CapturedStep(model.step) if cuda_graph else model.step
+    captured = CapturedStep(model.step) if cuda_graph else None
 
     def feed(tokens):
         nonlocal memory, seg_pos, seg
         if seg_pos == 0:
             logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
-        else:
-            logits = step(tokens, seg)
+        elif captured:                                             # every slot, the same shapes at every token
+            logits = captured(tokens, seg)
+        else:                                                      # the slots in use
+            logits = model.step(tokens, seg, seg_pos + tokens.size(1))
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
         if seg_pos == 0:
             memory = model.close_segment(memory, seg)

@@ -409,25 +409,26 @@ class Model(nn.Module):
                                       r_k=new.r_k))
         return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight), seg
 
-    def step(self, tokens, seg):
+    def step(self, tokens, seg, filled=None):
         """The next T tokens (B, T) of the open segment seg, which it updates in place: they attend to [refreshed
-        memory ; earlier tokens] as in Transformer-XL. -> logits (B, V) of the last"""
-        T = tokens.size(1)
-        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
-        attn_mask = self._attn_mask(key_valid, T, key_valid.size(1) - self.config.seg_len)          # (B, 1, T, K)
+        memory ; earlier tokens] as in Transformer-XL. filled: as model_xl.py's (the step skips the seg_len - filled
+        padding slots on the left; None: it reads them too, as a graph wants). -> logits (B, V) of the last"""
+        T, S = tokens.size(1), 0 if filled is None else self.config.seg_len - filled   # S slots skipped
+        key_valid = torch.cat([seg.key_valid[:, S + T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K-S)
+        attn_mask = self._attn_mask(key_valid, T, seg.key_valid.size(1) - self.config.seg_len)   # (B, 1, T, K-S)
         h = emb = self.drop(self.word_emb(tokens))                     # (B, T, C)
         states = []
         for n, layer in enumerate(self.layers):
-            k, v = seg.kv[n]                                           # the window without its T oldest slots
-            h, state, (k_new, v_new) = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n], *self._biases(n)[:2],
-                                             attn_mask)                # u, v
+            k, v = (x[:, :, S:] for x in seg.kv[n])                    # the slots it reads, less the T oldest below
+            h, state, (k_new, v_new) = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n][:, S:],
+                                             *self._biases(n)[:2], attn_mask)                   # u, v
             k.copy_(k_new)
             v.copy_(v_new)
             states.append(state)
-        seg.key_valid.copy_(key_valid)
-        seg.emb.copy_(torch.cat([seg.emb[:, T:], emb.to(seg.emb.dtype)], dim=1))
+        seg.key_valid[:, S:] = key_valid
+        seg.emb[:, S:] = torch.cat([seg.emb[:, S + T:], emb.to(seg.emb.dtype)], dim=1)
         for old, new in zip(seg.seg_states, zip(*states[:-1])):       # C, log s of every layer but the last
-            old.copy_(torch.cat([old[:, :, :, T:], torch.stack(new).to(old.dtype)], dim=3))
+            old[:, :, :, S:] = torch.cat([old[:, :, :, S + T:], torch.stack(new).to(old.dtype)], dim=3)
         return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
 
     def close_segment(self, memory, seg):
@@ -516,15 +517,19 @@ def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, call
     token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    if cuda_graph and idx.device.type != 'cuda':
+        raise ValueError(f"cuda_graph=True needs the model and idx on a CUDA device, not {idx.device}")
     seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
-    step = CapturedStep(model.step) if cuda_graph else model.step
+    captured = CapturedStep(model.step) if cuda_graph else None
 
     def feed(tokens):
         nonlocal memory, seg_pos, seg
         if seg_pos == 0:
             logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
-        else:
-            logits = step(tokens, seg)
+        elif captured:                                             # every slot, the same shapes at every token
+            logits = captured(tokens, seg)
+        else:                                                      # the slots in use
+            logits = model.step(tokens, seg, seg_pos + tokens.size(1))
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
         if seg_pos == 0:
             memory = model.close_segment(memory, seg)

@@ -351,23 +351,25 @@ class Model(nn.Module):
                                       kv=[tuple(F.pad(x, pad) for x in xs) for xs in kv],
                                       hids=memory.mem.new_zeros(c.n_layer, B, c.seg_len, c.n_embd),
                                       r_k=[layer.attn.project_positions(r) for layer in self.layers]))
-        return self.step(tokens, seg), seg
+        return self.step(tokens, seg, tokens.size(1)), seg
 
-    def step(self, tokens, seg):
-        """The next T tokens (B, T) of the open segment seg, which it updates in place. -> logits (B, V) of the last"""
-        T = tokens.size(1)
-        key_valid = torch.cat([seg.key_valid[:, T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
-        attn_mask = self._attn_mask(key_valid, T, key_valid.size(1) - self.config.seg_len)          # (B, 1, T, K)
+    def step(self, tokens, seg, filled=None):
+        """The next T tokens (B, T) of the open segment seg, which it updates in place. filled: how many tokens the
+        segment holds with these; the step then skips the seg_len - filled padding slots on the left (None: it reads
+        them too, the same shapes at every token, as a graph wants). -> logits (B, V) of the last"""
+        T, S = tokens.size(1), 0 if filled is None else self.config.seg_len - filled   # S slots skipped
+        key_valid = torch.cat([seg.key_valid[:, S + T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K-S)
+        attn_mask = self._attn_mask(key_valid, T, seg.key_valid.size(1) - self.config.seg_len)   # (B, 1, T, K-S)
         h = self.drop(self.word_emb(tokens))                           # (B, T, C)
         hids = []
         for n, layer in enumerate(self.layers):
             hids.append(h)
-            k, v = seg.kv[n]                                           # the window without its T oldest slots
-            h, (k_new, v_new) = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n], *self._u_v(n), attn_mask)
+            k, v = (x[:, :, S:] for x in seg.kv[n])                    # the slots it reads, less the T oldest below
+            h, (k_new, v_new) = layer(h, (k[:, :, T:], v[:, :, T:]), seg.r_k[n][:, S:], *self._u_v(n), attn_mask)
             k.copy_(k_new)
             v.copy_(v_new)
-        seg.key_valid.copy_(key_valid)
-        seg.hids.copy_(torch.cat([seg.hids[:, :, T:], torch.stack(hids).to(seg.hids.dtype)], dim=2))
+        seg.key_valid[:, S:] = key_valid
+        seg.hids[:, :, S:] = torch.cat([seg.hids[:, :, S + T:], torch.stack(hids).to(seg.hids.dtype)], dim=2)
         return F.linear(self.ln_f(h[:, -1]), self.word_emb.weight)    # (B, V) logits of the last position
 
     def close_segment(self, memory, seg):
@@ -442,15 +444,19 @@ def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, call
     token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
+    if cuda_graph and idx.device.type != 'cuda':
+        raise ValueError(f"cuda_graph=True needs the model and idx on a CUDA device, not {idx.device}")
     seg_len, seg_pos, seg = model.config.seg_len, 0, None         # seg_pos: tokens of the open segment so far
-    step = CapturedStep(model.step) if cuda_graph else model.step
+    captured = CapturedStep(model.step) if cuda_graph else None
 
     def feed(tokens):
         nonlocal memory, seg_pos, seg
         if seg_pos == 0:
             logits, seg = model.open_segment(memory, tokens, seg)  # in seg's old buffers, which a graph reads
-        else:
-            logits = step(tokens, seg)
+        elif captured:                                             # every slot, the same shapes at every token
+            logits = captured(tokens, seg)
+        else:                                                      # the slots in use
+            logits = model.step(tokens, seg, seg_pos + tokens.size(1))
         seg_pos = (seg_pos + tokens.size(1)) % seg_len
         if seg_pos == 0:
             memory = model.close_segment(memory, seg)

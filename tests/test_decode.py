@@ -69,7 +69,9 @@ def test_step_compiles_once_as_one_graph(name, monkeypatch):
     torch._dynamo.reset()
     compiled = torch.compile(model.step, backend=backend, fullgraph=True, dynamic=False)
     plain = model.step
-    model.step = lambda tokens, seg: compiled(tokens.contiguous(), seg) if tokens.size(1) == 1 else plain(tokens, seg)
+    # each single token through the step as a graph takes it (every slot), the prompt's pieces as decode() feeds them
+    model.step = lambda tokens, seg, filled=None: (compiled(tokens.contiguous(), seg) if tokens.size(1) == 1
+                                                   else plain(tokens, seg, filled))
     assert torch.equal(model.generate(prompt, 17, temperature=0.0, memory=memory), expected)
     assert len(graphs) == 1
 
@@ -112,3 +114,9 @@ def test_captured_step_picks_the_same_tokens(name, prompt_len, dtype):
         plain = model.generate(prompt, 17, temperature=0.0, memory=memory)
         captured = model.generate(prompt, 17, temperature=0.0, memory=memory, cuda_graph=True)
     assert torch.equal(captured, plain)
+
+
+def test_cuda_graph_off_cuda_is_a_clear_error():
+    model = build('xl')
+    with pytest.raises(ValueError, match='CUDA device'):
+        model.generate(torch.zeros(1, 3, dtype=torch.long), 2, cuda_graph=True)
