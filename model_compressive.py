@@ -671,10 +671,11 @@ def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, call
     """The sampling loop of every model's generate(). The prompt idx (B, T0) goes in as pieces that never cross a
     segment boundary, then max_new_tokens tokens are sampled one at a time (sample_next), each fed back. The model
     keeps the open segment in buffers of fixed shape (its OpenSegment): model.open_segment(memory, tokens, seg) starts
-    one with its first tokens, model.step(tokens, seg) adds the next, each returning the logits (B, V) of the last
-    token, and model.close_segment(memory, seg) turns it into the memory once it holds seg_len tokens (here is the
-    only place that counts them), as forward() does. Opening and closing happen once a segment; a step at every
-    token, with the same shapes each time: with cuda_graph it is recorded once as a CUDA graph and replayed."""
+    one with its first tokens, model.step(tokens, seg, filled) adds the next, each returning the logits (B, V) of the
+    last token, and model.close_segment(memory, seg) turns it into the memory once it holds seg_len tokens (here is
+    the only place that counts them), as forward() does. Opening and closing happen once a segment, a step at every
+    token. With cuda_graph the step is recorded once as a CUDA graph and replayed: it then reads every slot, the same
+    shapes at every token; without, it reads only the slots in use (filled: the segment's tokens with these)."""
     if idx.size(1) == 0:
         raise ValueError("generate needs at least one token in idx")
     if cuda_graph and idx.device.type != 'cuda':
