@@ -596,3 +596,13 @@ def test_gpu_recall_script_uses_flags_that_exist():
         for flag in re.findall(r'--(\w+)=', args):
             assert flag in fields, f"gpu_recall.sh: bench/recall.py has no --{flag}"
     assert "'tokens_per_sec'" in text and "'tokens_per_sec'" in (common.REPO / 'train.py').read_text()
+
+
+def test_generation_targets_without_training_results():
+    """A generation-only run (--parts=generate, as bench/gpu_generate.sh runs it) still gets its targets; on CUDA the
+    captured step is what must reach 5x recomputing, with the same greedy tokens."""
+    generate = {'xl': dict(speedup=1.2, speedup_captured=8.0, same_greedy_tokens=True),
+                'lamemo': dict(speedup=6.0, same_greedy_tokens=False)}
+    targets = speed.check_targets({'train': {}, 'generate': generate})
+    assert targets == {'xl': {'generate_cache>=5x': True, 'generate_same_tokens': True},
+                       'lamemo': {'generate_cache>=5x': True, 'generate_same_tokens': False}}
