@@ -493,6 +493,10 @@ class Model(nn.Module):
         n = i if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
 
+    def _need_usage(self):
+        """most_used compresses by the attention each slot of m received: the attention must report it (Usage)."""
+        return self.config.cmem_len > 0 and self.config.compression == 'most_used'
+
     def forward(self, idx, memory, targets=None):
         """idx: (B, T) tokens, T <= seg_len. -> logits, LM loss + recon_weight * reconstruction loss, new_memory, aux"""
         config = self.config
@@ -504,7 +508,7 @@ class Model(nn.Module):
         key_valid = torch.cat([memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)  # (B, S+T)
         attn_mask = self._attn_mask(key_valid, T, S)              # (B, 1, T, S+T); window cmem_len + mem_len
         r = self._relative_positions(S + T, idx.device)           # (S+T, C)
-        need_usage = config.cmem_len > 0 and config.compression == 'most_used'
+        need_usage = self._need_usage()
         h = self.drop(self.word_emb(idx))                         # (B, T, C)  h^(1) (line 3)
         hids, qkv, usage = [], [], []
         for n, layer in enumerate(self.layers):                   # line 4
@@ -559,7 +563,7 @@ class Model(nn.Module):
         kv = [layer.attn.keys_values(m) for layer, m in zip(self.layers, mem)]
         r = self._relative_positions(K, tokens.device)               # (K, C)
         usage = None
-        if c.cmem_len > 0 and c.compression == 'most_used':
+        if self._need_usage():
             usage = Usage(memory.attn_mass.new_zeros(c.n_layer, B, K), memory.attn_queries.new_zeros(B, K))
         seg = refill(seg, OpenSegment(key_valid=F.pad(memory_valid(memory), pad[2:]),
                                       kv=[tuple(F.pad(x, pad) for x in xs) for xs in kv],

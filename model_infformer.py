@@ -540,7 +540,7 @@ class OpenSegment:
     tokens so far] fill the right end and padding the left. A step of T tokens slides the window by T (decode() never
     lets a valid slot fall off), so every token's step has the same shapes and writes in place: decode() can capture
     it. The LTM, written once at the segment's start (§3.2), is read by every step and kept by the close."""
-    start: SegmentStart      # the LTM after its write: each layer's LTMRead, ltm_B, the LTMWrite (and the STM's keys)
+    start: SegmentStart      # the LTM after its write: each layer's LTMRead, ltm_B, the LTMWrite (STM keys: in kv)
     key_valid: torch.Tensor  # (B, K) bool
     kv: list                 # per layer (k, v), each (B, H, K, D): the keys and values of the K slots
     hids: torch.Tensor       # (n_layer, B, seg_len, C) the layers' inputs of the last seg_len tokens: the STM to be
@@ -688,7 +688,7 @@ class Model(nn.Module):
         start = self._begin_segment(memory)
         pad, K = (0, 0, c.seg_len, 0), start.stm_valid.size(1) + c.seg_len   # seg_len empty slots on the left
         r = self._relative_positions(K, tokens.device)                 # (K, C)
-        seg = refill(seg, OpenSegment(start=start, key_valid=F.pad(start.stm_valid, pad[2:]),
+        seg = refill(seg, OpenSegment(start=start._replace(stm_kv=[]), key_valid=F.pad(start.stm_valid, pad[2:]),
                                       kv=[tuple(F.pad(x, pad) for x in xs) for xs in start.stm_kv],
                                       hids=memory.mem.new_zeros(c.n_layer, B, c.seg_len, c.n_embd),
                                       densities=memory.mem.new_zeros(2, c.n_layer, B, c.n_head, c.seg_len, dtype=f32),
