@@ -27,7 +27,7 @@ import train  # noqa: E402  (train.py's flag parsing, device/dtype resolution, m
 
 RESULTS = Path(__file__).resolve().parent / 'results'
 
-# The matched CPU size of issue 9: 4 layers, d 256, 4 heads of 64, d_inner 1024, segment 128, GPT-2 vocabulary.
+# The matched CPU size: 4 layers, d 256, 4 heads of 64, d_inner 1024, segment 128, GPT-2 vocabulary.
 CPU_SIZE = dict(vocab_size=50304, n_layer=4, n_embd=256, n_head=4, d_head=64, d_inner=1024, seg_len=128)
 # The size of the CPU demos (config/*_demo.py): 4 layers, d 128, 4 heads of 32, d_inner 512, segment 64, memory 64
 # (compressed memory 32 at c = 2, n_basis 150): the step-time ratios quoted in the top-level README.
@@ -113,7 +113,7 @@ def compile_model(model):
     """torch.compile for a benchmark that compiles several models in one process. dynamic=False: once a model
     of one file has been compiled, a second model of the same file with another memory shape would otherwise be
     recompiled with automatic dynamic shapes, whose graph can be much slower (measured: XL compiled after the
-    baseline ran at 0.66x its eager speed, with dynamic=False at 0.90-0.93x; issue 20). train.py compiles one
+    baseline ran at 0.66x its eager speed, with dynamic=False at 0.90-0.93x). train.py compiles one
     model whose shapes do not change, so it keeps the default."""
     import torch._dynamo
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)   # one graph per shape

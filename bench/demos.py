@@ -1,5 +1,5 @@
 """
-The CPU demo comparison on several seeds (issue 16): every model trained with its config/*_demo.py (same size,
+The CPU demo comparison on several seeds: every model trained with its config/*_demo.py (same size,
 same 512 tokens a step, same 1000 steps), on seeds 1, 2, 3, then the validation loss mean +- std per model and
 the loss by position in the document (bench/longdoc.py) on the held-out plays, averaged over the seeds.
 
@@ -19,8 +19,8 @@ with its memory emptied as in training); --results names another folder.
 An ablation's JSON also holds 'vs_as_trained': the ablation minus the same checkpoints read as trained, paired by
 document and seed (same_weights).
 
---suite=bytes runs the byte-level comparison instead (issue 16, item 3: does a memory pay beyond its window at
-byte level): config/xl_bytes_demo.py (vocabulary 256, segment 128, 1,500 steps) without memory, with a memory of 128
+--suite=bytes runs the byte-level comparison instead (does a memory pay beyond its window at
+byte level?): config/xl_bytes_demo.py (vocabulary 256, segment 128, 1,500 steps) without memory, with a memory of 128
 and with one of 512, read by position in bytes (BYTE_BUCKETS); the Compressive Transformer reaching as far as the
 512 memory with 320 slots (128 + 2 x 192) when named. Runs in OUT_ROOT = out-demos-bytes, results named
 demos_bytes*; a longer budget is --overrides=' --max_iters=4500 --eval_interval=1500' with its own --out_root

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's open question on one CUDA GPU, in one call: does Infini-attention recall the passkey beyond its
+# An open question on one CUDA GPU, in one call: does Infini-attention recall the passkey beyond its
 # segment once training has seen as many answers that need the memory as assoc needed (bench/README.md: about 1B
 # passkey tokens; 14 h a seed on the CPU)? A lent machine has minutes, so the budget is fitted to the time left.
 #

@@ -1,5 +1,5 @@
 """
-Loss by position in the document (issue 16): does a model's memory make the later tokens of a long document
+Loss by position in the document: does a model's memory make the later tokens of a long document
 cheaper than the early ones, and by how much more than a model without memory? For any checkpoints, in one command:
 
     python bench/longdoc.py --runs=xl:out-xl-s1,out-xl-s2,out-xl-s3 --runs=baseline:out-base-s1,out-base-s2 \\

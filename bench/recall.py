@@ -5,7 +5,7 @@ recall (many key-value pairs per segment, questions about pairs written segments
     python bench/recall.py                                   # both tasks, every variant present, CPU
     python bench/recall.py --tasks=passkey --variants=baseline,xl --tokens=500000
     python bench/recall.py --device=cuda                     # bf16 + compile, as train.py does on a GPU
-    python bench/recall.py --tasks=passkey --seeds=1,2,3 --bptt_segments=16 --curriculum=0.25   # as issue 15 asks
+    python bench/recall.py --tasks=passkey --seeds=1,2,3 --bptt_segments=16 --curriculum=0.25   # BPTT as Infini trains
     python bench/recall.py --tasks=assoc --variants=infini_linear --tokens=32000000 --bptt_segments=16 --batch_size=8 --curriculum=0.25
     python bench/recall.py --merge=seed1.json,seed2.json --out=both.json   # runs of other seeds/variants as one
     python bench/recall.py --tasks=passkey --tokens=1000000000 --data_tokens=32000000   # 32M written, read 31 times

@@ -48,7 +48,7 @@ MODES = {  # name: (compiled, autocast dtype)
 @dataclass
 class SpeedConfig:
     variants: str = 'all'          # comma-separated names from common.variant_table(), or all
-    size: str = 'matched'          # matched (issue 9's CPU size) or demo (config/*_demo.py's size)
+    size: str = 'matched'          # matched (common.CPU_SIZE) or demo (config/*_demo.py's size)
     vocab: int = 0                 # vocabulary size; 0 = the size's (GPT-2, 50304); 256 = byte level
     device: str = 'cpu'            # cpu, cuda, auto
     parts: str = 'train,eval,generate'   # what to measure (a subset runs faster)
@@ -382,7 +382,7 @@ def run(cfg, specs, size, argv=(), skipped=None):
 
 
 def check_targets(result):
-    """Issue 9's targets: training tokens/s of every memory model >= 0.75x the baseline's (per mode);
+    """The targets: training tokens/s of every memory model >= 0.75x the baseline's (per mode);
     compile + bf16 >= 1.8x eager fp32 for every model; generation with the cache >= 5x recomputing (on CUDA the step
     replayed as a CUDA graph), with the same greedy tokens."""
     out = {}
@@ -393,7 +393,7 @@ def check_targets(result):
                       for mode, r in modes.items() if 'ratio_to_baseline' in r})
         if 'compile_bf16' in modes and 'eager' in modes:
             t['compile_bf16_vs_eager>=1.8'] = modes['compile_bf16']['ratio_to_eager'] >= 1.8
-        if name != 'baseline' and 'ratio_over_flop_ratio' in modes.get('eager', {}):   # issue 20
+        if name != 'baseline' and 'ratio_over_flop_ratio' in modes.get('eager', {}):
             t['eager_vs_flop_ratio>=0.9'] = modes['eager']['ratio_over_flop_ratio'] >= 0.9
         base = result['train'].get('baseline', {})
         for compiled, plain in (('compile', 'eager'), ('compile_bf16', 'bf16')):

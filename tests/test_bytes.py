@@ -1,5 +1,5 @@
 """
-Byte-level data end to end (issue 22): the vocabulary comes from meta.json, evaluation reports bits per character
+Byte-level data end to end: the vocabulary comes from meta.json, evaluation reports bits per character
 (bits per byte on GPT-2 data) computed by hand here, checkpoints carry their tokenizer, sample.py decodes byte and
 character checkpoints, every model file trains on bytes unchanged, and bench/evalspeed.py's two evaluations agree
 where they must.

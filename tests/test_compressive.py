@@ -712,7 +712,7 @@ def test_train_py_reports_a_length_that_is_not_a_multiple_in_one_line(tmp_path):
 
 @pytest.mark.parametrize('bptt_segments', [1, 2])
 def test_recon_loss_none_trains_under_ddp(tmp_path, bptt_segments):
-    """Issue 15: with recon_loss='none' a learned f_c gets the LM loss's gradient only through time, never within
+    """With recon_loss='none' a learned f_c gets the LM loss's gradient only through time, never within
     --bptt_segments=1 or while the memory fills; 2-process gloo DDP (no find_unused_parameters) must still run."""
     values = dict(TINY_MODELS['compressive'], recon_loss='none', compression='conv')
     out_dir = tmp_path / 'out'

@@ -503,7 +503,7 @@ def test_config_defaults_are_valid():
 
 
 def test_is_transformer_xl_alone():
-    """LaMemo's look-ahead memory is its own model file (model_lamemo.py), not a flag of this one (issue 17)."""
+    """LaMemo's look-ahead memory is its own model file (model_lamemo.py), not a flag of this one."""
     with pytest.raises(TypeError):
         Config(lookahead=True)
     model = make_model()
