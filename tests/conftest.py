@@ -9,6 +9,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from _torch_config import torch_config_unchanged  # noqa: E402,F401  (autouse: torch's config left as found)
+
 
 @pytest.fixture(scope='session')
 def enc():

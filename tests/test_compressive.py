@@ -788,21 +788,21 @@ def test_init_memory_follows_model_dtype(dtype):
     model.generate(tokens(2, 3), 2, temperature=0.0)
 
 
-def test_compiles_once_while_memory_fills_and_compression_starts(monkeypatch):
+def test_compiles_once_while_memory_fills_and_compression_starts():
     import torch._dynamo
     from torch._dynamo.utils import counters
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, 'error_on_recompile', True)
     model = make_model(dtype=torch.float32, n_layer=1, compression='most_used', recon_loss='attention',
                        seg_len=4, mem_len=4, cmem_len=3, dropout=0.1).train()
     compiled = torch.compile(model)
     memory = model.init_memory(2, 'cpu')
     idx = tokens(2, 25)
     try:
-        for start in range(0, 24, 4):                                     # empty, filling, compressing, full
-            _, loss, memory, aux = compiled(idx[:, start:start + 4], memory, idx[:, start + 1:start + 5])
-            loss.backward()
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for start in range(0, 24, 4):                                 # empty, filling, compressing, full
+                _, loss, memory, aux = compiled(idx[:, start:start + 4], memory, idx[:, start + 1:start + 5])
+                loss.backward()
         assert counters['stats']['unique_graphs'] == 1, dict(counters['stats'])
     finally:
         torch._dynamo.reset()

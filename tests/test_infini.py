@@ -588,7 +588,6 @@ def test_compile_traces_once_while_the_memory_fills():
     counters.clear()
     model = make_model(dtype=torch.float32, dropout=0.1, n_layer=1).train()
     compiled = torch.compile(model, backend='eager')
-    old = torch._dynamo.config.error_on_recompile
     memory = model.init_memory(2, 'cpu')
 
     def steps(n, bptt_segments):
@@ -603,16 +602,14 @@ def test_compile_traces_once_while_the_memory_fills():
             memory = Memory(**{k: v.detach() for k, v in vars(memory).items()})
 
     try:
-        torch._dynamo.config.error_on_recompile = True
-        steps(3, bptt_segments=1)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            steps(3, bptt_segments=1)
         assert counters['stats']['unique_graphs'] == 1, dict(counters['stats'])
-        torch._dynamo.config.error_on_recompile = False
-        steps(1, bptt_segments=2)
-        torch._dynamo.config.error_on_recompile = True
-        steps(2, bptt_segments=2)
+        steps(1, bptt_segments=2)                                 # the one new graph: BPTT over 2 segments
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            steps(2, bptt_segments=2)
         assert counters['stats']['unique_graphs'] == 2, dict(counters['stats'])
     finally:
-        torch._dynamo.config.error_on_recompile = old
         torch._dynamo.reset()
 
 

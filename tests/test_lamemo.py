@@ -473,16 +473,16 @@ def test_loss_goes_down_on_repeated_pattern():
     assert final < 0.5 * initial, (initial, final)
 
 
-def test_compiles_once(monkeypatch):
+def test_compiles_once():
     """3 training steps from an empty memory (0 -> 4 -> 8 valid slots): dynamo compiles the model once."""
-    monkeypatch.setattr(torch._dynamo.config, 'error_on_recompile', True)
     torch._dynamo.reset()
     model = make_model(dtype=torch.float32, seg_len=4, mem_len=8).train()
     compiled = torch.compile(model)
     memory = model.init_memory(2, 'cpu')
     idx = tokens(2, 13)
-    for start in (0, 4, 8):
-        _, loss, memory, _ = compiled(idx[:, start:start + 4], memory, idx[:, start + 1:start + 5])
-        loss.backward()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for start in (0, 4, 8):
+            _, loss, memory, _ = compiled(idx[:, start:start + 4], memory, idx[:, start + 1:start + 5])
+            loss.backward()
     assert memory.length.tolist() == [8, 8]
     torch._dynamo.reset()

@@ -135,7 +135,7 @@ def test_resume_is_exact(name, tmp_path):
 
 
 @pytest.mark.parametrize('name', VARIANTS)
-def test_compile_runs_with_a_single_compilation(name, data_dir, tmp_path, monkeypatch):
+def test_compile_runs_with_a_single_compilation(name, data_dir, tmp_path):
     """4 steps from an empty memory (it fills, and whatever the model does when it is full -- roll, compress,
     refresh, write the long-term memory -- happens): dynamo compiles the model once, with no graph break."""
     import torch._dynamo
@@ -143,10 +143,10 @@ def test_compile_runs_with_a_single_compilation(name, data_dir, tmp_path, monkey
     module, values = variant(name)
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(torch._dynamo.config, 'error_on_recompile', True)
     try:
-        result = train.train(flags(data_dir, tmp_path / 'out', with_fields(module, values, dropout=0.1),
-                                   max_iters=4, compile=True, eval_tokens=16))
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            result = train.train(flags(data_dir, tmp_path / 'out', with_fields(module, values, dropout=0.1),
+                                       max_iters=4, compile=True, eval_tokens=16))
         assert result['step'] == 4
         assert counters['stats']['unique_graphs'] == 1, dict(counters['stats'])
     finally:
