@@ -111,10 +111,13 @@ def read_gpt2_config(directory):
 
 
 def configure(model_cfg, given, directory):
-    """model_cfg with config.json's architecture; a flag the user gave (given) that contradicts it is an error."""
+    """model_cfg with config.json's architecture; a flag the user gave (given) that contradicts it is an error.
+    A seg_len the user did not give is cut to n_positions where it is longer (a small GPT-2)."""
     hf = read_gpt2_config(directory)
+    if 'seg_len' not in given and isinstance(hf['n_positions'], int) and model_cfg.seg_len > hf['n_positions']:
+        hf['seg_len'] = hf['n_positions']
     for k, value in hf.items():
-        if k in given and getattr(model_cfg, k) != value:
+        if k in given and k != 'seg_len' and getattr(model_cfg, k) != value:
             raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts {Path(directory) / 'config.json'} "
                             f"({k}={value}): the pretrained weights fix it")
     try:
