@@ -384,7 +384,7 @@ def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device, mast
                             f"{tokenizer.name} tokens")
         model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, cfg.model, module, model_cfg, given)
         if master:
-            print(note)
+            print(note, file=sys.stderr)                         # stdout: --eval_only's JSON
         return model_cfg, model, None
     if cfg.init_from != 'resume' and not cfg.eval_only:
         return model_cfg, module.Model(model_cfg), None

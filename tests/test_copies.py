@@ -2,8 +2,9 @@
 The single-model-file policy (STYLE.md): code shared between model files is duplicated and marked
 `# Copied from model_xl.py (Name)`; the copies must stay textually identical to the class or function `Name` of
 model_xl.py. The GPT-2 forms copy GPT-2's blocks the same way from model_gpt2.py (`# Copied from model_gpt2.py (Name)`):
-a marker may name any model file, and the copy is compared with that file's definition. Name may be a method (`Model._attn_mask`): a marker inside a class guards the method under it (the
-class may have another name: a copied method in a modified class). A copy that differs on purpose says how,
+a marker may name any model file, and the copy is compared with that file's definition. Name may be a method
+(`Model._attn_mask`): a marker inside a class guards the method under it (the class may have another name: a copied
+method in a modified class). A copy that differs on purpose says how,
 `# Copied from model_xl.py (Name) with A->B`; it is not compared, but Name must still exist in the file it names (a
 rename there breaks the test). Model files import only torch, numpy and the standard library.
 """
@@ -56,8 +57,8 @@ def blocks_by_name(source):
 
 def marked_copies(source):
     """[(line number, Name, qualified name of the definition that follows the marker or None, modification or
-    None, the model file it names)] for every marker. The definition must follow the marker directly (only blank lines or comments
-    between)."""
+    None, the model file it names)] for every marker. The definition must follow the marker directly (only blank
+    lines or comments between)."""
     lines = source.splitlines()
     starts = {start: name for name, start, _ in definitions(source)}
     copies = []

@@ -104,7 +104,7 @@ def test_eval_only_gives_transformers_validation_loss(hub_dir, data_dir):
     proc = run_python(['train.py', f'--init_from=gpt2:{directory}', '--model=gpt2', '--eval_only=True',
                        f'--data_dir={data_dir}', f'--seg_len={T}', f'--batch_size={B}', '--device=cpu'])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f'loaded GPT-2 weights from {directory}' in proc.stdout
+    assert f'loaded GPT-2 weights from {directory}' in proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
 
     data = np.fromfile(data_dir / 'validation.bin', dtype=np.uint16).astype(np.int64)
