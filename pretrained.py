@@ -89,8 +89,8 @@ def locate(init_from):
             return directory
     raise UserError(f"--init_from={init_from}: not in the Hugging Face cache and the hub cannot be reached; "
                     f"download {' and '.join(FILES)} from https://huggingface.co/{repo} into a directory DIR and "
-                    f"use --init_from=gpt2:DIR (or run `hf download {repo} {' '.join(FILES)}` on a machine "
-                    f"with the network, which fills the cache)")
+                    f"use --init_from=gpt2:DIR (`hf download {repo} {' '.join(FILES)} --local-dir DIR` fetches them "
+                    f"where the network is)")
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -104,9 +104,9 @@ def read_gpt2_config(directory):
         hf = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    missing = [k for k in GPT2_FIELDS if k not in hf]
-    if not isinstance(hf, dict) or missing:
-        raise UserError(f"{path} is not a GPT-2 config.json: it has no {', '.join(missing or GPT2_FIELDS)}")
+    missing = [k for k in GPT2_FIELDS if k not in hf] if isinstance(hf, dict) else list(GPT2_FIELDS)
+    if missing:
+        raise UserError(f"{path} is not a GPT-2 config.json: it has no {', '.join(missing)}")
     return {k: hf[k] for k in GPT2_FIELDS}
 
 

@@ -259,8 +259,9 @@ def test_loader_errors_are_one_line(hub_dir, data_dir, tmp_path, capsys):
     broken = rewrite(directory, tmp_path / 'broken')
     (broken / 'config.json').write_text('{"n_layer": 2')
     error(f'gpt2:{broken}', 'cannot read', 'config.json')
-    (broken / 'config.json').write_text('{"n_layer": 2}')
-    error(f'gpt2:{broken}', 'is not a GPT-2 config.json')
+    for text in ('{"n_layer": 2}', '[1, 2]', '7'):
+        (broken / 'config.json').write_text(text)
+        error(f'gpt2:{broken}', 'is not a GPT-2 config.json')
     (broken / 'config.json').write_text((directory / 'config.json').read_text())
     (broken / 'model.safetensors').write_bytes(b'not a safetensors file')
     error(f'gpt2:{broken}', 'cannot read', 'model.safetensors')
