@@ -62,6 +62,7 @@ class Memory:
     length: torch.Tensor  # (B,) int64, tokens read since the row was last emptied
 
 
+# Copied from model_gpt2.py (OpenSegment)
 @dataclass
 class OpenSegment:
     """generate()'s segment, from its first token until decode() closes it, in buffers of fixed shape (forward() takes
@@ -116,6 +117,7 @@ class CausalSelfAttention(nn.Module):
         B, H, T, D = y.shape
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * D)))
 
+    # Copied from model_gpt2.py (CausalSelfAttention.forward)
     def forward(self, x, attn_mask=None, cache=None):
         """x (B, T, C): the layer's normalised input; cache: None, or keys, values (B, H, S, D) of S earlier slots;
         attn_mask: None (causal over the T keys), or (B, 1, T, S + T) bool, the keys each query sees.
@@ -139,6 +141,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
+    # Copied from model_gpt2.py (Block.forward)
     def forward(self, x, attn_mask=None, cache=None):
         a, kv = self.attn(self.ln_1(x), attn_mask, cache)
         x = x + a
@@ -205,6 +208,7 @@ class Model(nn.Module):
 
     # --- forward ------------------------------------------------------------------------------------------
 
+    # Copied from model_gpt2.py (Model.forward)
     def forward(self, idx, memory, targets=None):
         """idx: (B, T) tokens, T <= seg_len, read on their own at positions 0..T-1; memory: Memory (a token count).
         Returns (logits, loss, new_memory, aux)."""
@@ -229,6 +233,7 @@ class Model(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
+    # Copied from model_gpt2.py (Model.flops_per_token)
     def flops_per_token(self, mem_len=None):
         """Training FLOPs (forward + backward) per token, for MFU: 6 per use of a weight (2 forward, 2 for its input's
         gradient, 2 for its own); 6 per multiply-add of the attention over the segment's seg_len keys (q·k and p·v,
@@ -242,6 +247,7 @@ class Model(nn.Module):
 
     # --- generation ---------------------------------------------------------------------------------------
 
+    # Copied from model_gpt2.py (Model.open_segment)
     def open_segment(self, memory, tokens, seg=None):
         """A segment's first tokens (B, T), in a new OpenSegment or in seg's buffers (decode() reuses them); memory is
         not read: a segment starts afresh at position 0. -> the logits (B, V) of the last token, the OpenSegment"""
@@ -254,6 +260,7 @@ class Model(nn.Module):
                                       kv=[(slots.clone(), slots.clone()) for _ in self.transformer.h]))
         return self.step(tokens, seg, tokens.size(1)), seg
 
+    # Copied from model_gpt2.py (Model.step)
     def step(self, tokens, seg, filled=None):
         """The next T tokens (B, T) of the open segment seg, which it updates in place. filled: as model_xl.py's (the
         step skips the seg_len - filled padding slots on the left; None: it reads them too, as a graph wants).
