@@ -142,7 +142,7 @@ def sample(argv):
         path = cfg.init_from
         model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, 'gpt2', module, module.Config(), set())
         print(note, file=sys.stderr)
-        ckpt = {'tokenizer': {'tokenizer': 'gpt2'}}
+        ckpt = {}                                            # no tokenizer named: GPT-2's
     else:
         path = Path(cfg.out_dir) / cfg.ckpt
         ckpt = load_checkpoint(path, 'cpu')

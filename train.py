@@ -4,7 +4,7 @@ Train any nanomem model on a prepared token dataset, one segment after another w
     python train.py --model=xl --dataset=gutenberg                     # defaults below, flags override them
     python train.py config/xl_wt103.py --compile=True                  # a config file, then flags
     python train.py config/xl_demo.py --init_from=resume               # continue exactly where it stopped
-    python train.py config/gpt2_pg19.py --init_from=gpt2               # start from OpenAI's GPT-2 (pretrained.py)
+    python train.py --model=gpt2 --init_from=gpt2                      # start from OpenAI's GPT-2 (pretrained.py)
     torchrun --nproc_per_node=8 train.py config/xl_pg19.py             # DDP: each rank its own streams
 
 Flags are the fields of TrainConfig below plus the fields of the chosen model's Config (model_<name>.py).
