@@ -3,6 +3,7 @@ Sample from a trained nanomem checkpoint (any model), with the prompt fed throug
 
     python sample.py --out_dir=out-xl --start="The old house on the hill"
     python sample.py --out_dir=out-xl --start=FILE:book.txt --max_new_tokens=500   # a whole book as context
+    python sample.py --init_from=gpt2 --start="Hello"          # OpenAI's GPT-2 itself (or gpt2:DIR; pretrained.py)
 
 A long prompt is read segment by segment (seg_len tokens at a time), exactly as in training, so it lands in the
 model's memory; generation then continues from the last partial segment. Text streams to stdout as it is made.
@@ -37,8 +38,9 @@ if __name__ == '__main__':
 
 import torch  # noqa: E402
 
-from train import (UserError, REPO, parse_args, load_checkpoint, model_from_checkpoint, resolve_device,
-                   resolve_dtype, autocast_context, run_cli)
+import pretrained  # noqa: E402
+from train import (UserError, REPO, import_model, parse_args, load_checkpoint, model_from_checkpoint,
+                   resolve_device, resolve_dtype, autocast_context, run_cli)
 
 
 # Below it sampling is greedy in all but name (logit gaps of 0.1 become 10), and logits / temperature can
@@ -50,6 +52,8 @@ MIN_TEMPERATURE = 0.01
 class SampleConfig:
     out_dir: str = 'out'               # where train.py wrote its checkpoints
     ckpt: str = 'ckpt.pt'              # ckpt.pt (last) or best.pt
+    init_from: str = 'resume'          # resume: the checkpoint above; gpt2, gpt2-medium, gpt2-large, gpt2-xl or
+                                       # gpt2:DIR: GPT-2's own weights, read segment by segment (model_gpt2.py)
     start: str = '\n'                  # the prompt, or FILE:path to read it from a file (a whole book is fine)
     num_samples: int = 1
     max_new_tokens: int = 500
@@ -70,6 +74,7 @@ class SampleConfig:
                              f"got {self.temperature}")
         if self.top_k < 0 or self.mem_len < -1:
             raise ValueError(f"top_k must be >= 0 and mem_len >= -1, got top_k={self.top_k}, mem_len={self.mem_len}")
+        pretrained.check_init_from(self.init_from, others=('resume',))
         if not -2**63 <= self.seed < 2**64:
             raise ValueError(f"seed must be a 64-bit integer, got {self.seed}")
         if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
@@ -132,9 +137,16 @@ def sample(argv):
     ctx = autocast_context(device_type, resolve_dtype(cfg.dtype, device_type))
     torch.manual_seed(cfg.seed)
 
-    path = Path(cfg.out_dir) / cfg.ckpt
-    ckpt = load_checkpoint(path, 'cpu')
-    _, model_cfg, model = model_from_checkpoint(ckpt, path)
+    if pretrained.is_gpt2(cfg.init_from):
+        module = import_model('gpt2')
+        path = cfg.init_from
+        model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, 'gpt2', module, module.Config(), set())
+        print(note, file=sys.stderr)
+        ckpt = {}                                            # no tokenizer named: GPT-2's
+    else:
+        path = Path(cfg.out_dir) / cfg.ckpt
+        ckpt = load_checkpoint(path, 'cpu')
+        _, model_cfg, model = model_from_checkpoint(ckpt, path)
     model.eval().to(device)
     try:
         tokenizer = from_meta(ckpt.get('tokenizer'))         # GPT-2 for checkpoints that name none

@@ -4,6 +4,7 @@ Train any nanomem model on a prepared token dataset, one segment after another w
     python train.py --model=xl --dataset=gutenberg                     # defaults below, flags override them
     python train.py config/xl_wt103.py --compile=True                  # a config file, then flags
     python train.py config/xl_demo.py --init_from=resume               # continue exactly where it stopped
+    python train.py --model=gpt2 --init_from=gpt2                      # start from OpenAI's GPT-2 (pretrained.py)
     torchrun --nproc_per_node=8 train.py config/xl_pg19.py             # DDP: each rank its own streams
 
 Flags are the fields of TrainConfig below plus the fields of the chosen model's Config (model_<name>.py).
@@ -42,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import configurator
+import pretrained
 from configurator import REPO, UserError, available_models, import_model, read_config_file, run_cli  # noqa: F401
 from data.loader import (EvalSet, StreamLoader, data_tokenizer, eval_set, eval_stream_bounds,  # noqa: F401
                          load_meta, load_split, vocab_from_data)
@@ -53,11 +55,12 @@ from runs import (CKPT_FORMAT, MODEL_KEYS, RESUME_KEYS, JsonLog, OutDir, Run, St
 @dataclass
 class TrainConfig:
     # what to train, on what, and where it goes
-    model: str = 'xl'                  # model_<model>.py: xl, lamemo, compressive, infini, infformer; or lab/'s
+    model: str = 'xl'                  # model_<model>.py: xl, lamemo, compressive, infini, infformer, gpt2; or lab/'s
     dataset: str = 'gutenberg'         # data/<dataset>/ made by data/<dataset>/prepare.py
     data_dir: str = ''                 # '' = data/<dataset>
     out_dir: str = 'out'               # ckpt.pt (last), best.pt, log.jsonl
-    init_from: str = 'scratch'         # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+    init_from: str = 'scratch'         # 'scratch', 'resume' (from out_dir/ckpt.pt), or GPT-2's weights for a GPT-2
+                                       # form (--model=gpt2, ...): gpt2, gpt2-medium, gpt2-large, gpt2-xl, gpt2:DIR
     overwrite: bool = False            # scratch into an out_dir that holds a checkpoint: delete it and start over
     # batch: tokens per optimizer step = world_size * gradient_accumulation_steps * batch_size * bptt_segments * seg_len
     batch_size: int = 8                # streams per micro-batch (per GPU)
@@ -108,8 +111,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.eval_mem_len < -1:
             raise ValueError(f"eval_mem_len must be >= 0 (or -1 for mem_len), got {self.eval_mem_len}")
-        if self.init_from not in ('scratch', 'resume'):
-            raise ValueError(f"init_from must be 'scratch' or 'resume', got {self.init_from!r}")
+        pretrained.check_init_from(self.init_from)
         if self.overwrite and self.init_from == 'resume':
             raise ValueError("overwrite=True starts over: it goes with init_from=scratch, not resume")
         if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
@@ -130,13 +132,15 @@ def train(argv):
     out_dir = None
     try:
         if not cfg.eval_only:                          # checked and locked before anything is built or trained
-            out_dir = on_rank0(run, lambda: OutDir(cfg.out_dir, cfg.init_from, cfg.overwrite))
+            out_dir = on_rank0(run, lambda: OutDir(cfg.out_dir, 'resume' if cfg.init_from == 'resume' else 'scratch',
+                                                   cfg.overwrite))
         torch.manual_seed(cfg.seed + run.rank)
         data_dir = Path(cfg.data_dir or REPO / 'data' / cfg.dataset)
         meta = load_meta(data_dir)
         tokenizer = data_tokenizer(meta)
         model_cfg = vocab_from_data(model_cfg, given, tokenizer)
-        model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, tokenizer, data_dir, run.device)
+        model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, tokenizer, data_dir, run.device,
+                                             run.master)
         loaders, evalset = load_data(run, model_cfg, data_dir, meta, tokenizer)
         raw_model = model.to(run.device)
         parts = Parts(raw_model, raw_model, configure_optimizer(raw_model, cfg, run.device_type),
@@ -369,10 +373,19 @@ class Parts:
     scaler: torch.amp.GradScaler
 
 
-def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device):
-    """The model to train: a fresh one, or (--init_from=resume, --eval_only) the checkpoint's. On resume the
-    architecture comes from the checkpoint and flags may not contradict it; --eval_only may change model flags
-    that keep the weights (clamp_len, same_length, mem_len, ...). -> (model_cfg, model, checkpoint or None)"""
+def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device, master=True):
+    """The model to train: a fresh one, GPT-2's weights (--init_from=gpt2..., also with --eval_only), or
+    (--init_from=resume, --eval_only) the checkpoint's. On resume the architecture comes from the checkpoint and flags
+    may not contradict it; --eval_only may change model flags that keep the weights (clamp_len, same_length, mem_len,
+    ...). -> (model_cfg, model, checkpoint or None)"""
+    if pretrained.is_gpt2(cfg.init_from):
+        if tokenizer is not None and tokenizer.name != 'gpt2':
+            raise UserError(f"--init_from={cfg.init_from} reads GPT-2 BPE tokens, but {data_dir} holds "
+                            f"{tokenizer.name} tokens")
+        model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, cfg.model, module, model_cfg, given)
+        if master:
+            print(note, file=sys.stderr)                         # stdout: --eval_only's JSON
+        return model_cfg, model, None
     if cfg.init_from != 'resume' and not cfg.eval_only:
         return model_cfg, module.Model(model_cfg), None
     path = Path(cfg.out_dir) / 'ckpt.pt'

@@ -156,7 +156,8 @@ def data_tokenizer(meta):
 
 def vocab_from_data(model_cfg, given, tokenizer):
     """Byte and character data set the model's vocabulary (256, 27, ...) unless --vocab_size was given; on GPT-2
-    data the model keeps its default (50304: GPT-2's 50257 padded to a multiple of 64)."""
+    data the model keeps its default (50304: GPT-2's 50257 padded to a multiple of 64; the GPT-2 forms' 50257, the
+    rows of OpenAI's embedding, which --init_from=gpt2 loads)."""
     if tokenizer is None or tokenizer.name == 'gpt2' or 'vocab_size' in given:
         return model_cfg
     return dataclasses.replace(model_cfg, vocab_size=tokenizer.vocab_size)

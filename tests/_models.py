@@ -16,4 +16,10 @@ TINY_MODELS = {
     'infformer': dict(model='infformer', vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32,
                       seg_len=8, mem_len=8, n_basis=16, n_samples=16, basis_widths='0.05,0.1', sticky=True,
                       dropout=0.0, dropatt=0.0),
+    'gpt2': dict(model='gpt2', vocab_size=256, n_layer=2, n_head=2, n_embd=16, n_positions=16, seg_len=8,
+                 dropout=0.0),                                                 # GPT-2 alone, no memory
 }
+
+# Variants that carry nothing across segments (the GPT-2 baseline): the tests that check that the memory changes the
+# logits, or holds values, skip that check for them.
+MEMORYLESS = {'gpt2'}

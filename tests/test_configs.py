@@ -110,3 +110,24 @@ def test_infini_pg19_starts_every_input_of_16_segments_with_a_fresh_memory_as_th
     cfg, _, model_cfg, _ = train.parse_args([str(ROOT / 'config' / 'infini_pg19.py')])
     assert cfg.reset_every == cfg.bptt_segments == 16
     assert model_cfg.seg_len * cfg.bptt_segments == 32768            # the paper's training inputs
+
+
+# The ∞-former authors' GPT-2 fine-tuning (deep-spin/infinite-former, README's finetune_gpt2 command: run_clm.py
+# --per_device_train_batch_size=1 --per_device_eval_batch_size=1 --block_size=512; the rest its transformers 4.5
+# TrainingArguments' defaults: learning_rate 5e-5, warmup 0, weight_decay 0, adam betas (0.9, 0.999), max_grad_norm
+# 1.0; GPT-2's own dropout 0.1), in this repository's names.
+FINETUNE_GPT2 = dict(seg_len=512, batch_size=1, gradient_accumulation_steps=1, eval_batch_size=1, learning_rate=5e-5,
+                     warmup_iters=0, min_lr=0.0, weight_decay=0.0, beta1=0.9, beta2=0.999, grad_clip=1.0, dropout=0.1)
+
+
+def test_gpt2_pg19_follows_the_authors_finetune_gpt2_command_from_gpt2_small():
+    config = ROOT / 'config' / 'gpt2_pg19.py'
+    cfg, _, model_cfg, given = train.parse_args([str(config)])
+    assert (cfg.model, cfg.init_from, cfg.dataset) == ('gpt2', 'gpt2', 'pg19_2000')   # prepare.py --books=2000
+    assert 'python data/pg19/prepare.py --books=2000' in docstring(config)
+    values = followed_values(config)
+    differ = {k: (values[k], v) for k, v in FINETUNE_GPT2.items() if values[k] != pytest.approx(v)}
+    assert not differ, f"gpt2_pg19.py (ours, the authors'): {differ}"
+    # the architecture is config.json's (--init_from=gpt2): the config names none of it, so nothing contradicts it
+    assert not given & {'n_layer', 'n_head', 'n_embd', 'vocab_size', 'n_positions', 'layer_norm_epsilon'}
+    assert model_cfg.seg_len <= model_cfg.n_positions

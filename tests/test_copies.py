@@ -1,9 +1,11 @@
 """
 The single-model-file policy (STYLE.md): code shared between model files is duplicated and marked
 `# Copied from model_xl.py (Name)`; the copies must stay textually identical to the class or function `Name` of
-model_xl.py. Name may be a method (`Model._attn_mask`): a marker inside a class guards the method under it (the
-class may have another name: a copied method in a modified class). A copy that differs on purpose says how,
-`# Copied from model_xl.py (Name) with A->B`; it is not compared, but Name must still exist in model_xl.py (a
+model_xl.py. The GPT-2 forms copy GPT-2's blocks the same way from model_gpt2.py (`# Copied from model_gpt2.py (Name)`):
+a marker may name any model file, and the copy is compared with that file's definition. Name may be a method
+(`Model._attn_mask`): a marker inside a class guards the method under it (the class may have another name: a copied
+method in a modified class). A copy that differs on purpose says how,
+`# Copied from model_xl.py (Name) with A->B`; it is not compared, but Name must still exist in the file it names (a
 rename there breaks the test). Model files import only torch, numpy and the standard library.
 """
 
@@ -18,7 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / 'model_xl.py'
 MODEL_FILES = sorted(ROOT.glob('model_*.py'))
-MARKER = re.compile(r'^\s*# Copied from model_xl\.py \(([\w.]+)\)(?: with (.+?))?\s*$')
+MARKER = re.compile(r'^\s*# Copied from (model_\w+\.py) \(([\w.]+)\)(?: with (.+?))?\s*$')
+GPT2_SOURCE = ROOT / 'model_gpt2.py'
 ALLOWED_THIRD_PARTY = {'torch', 'numpy'}
 
 
@@ -54,8 +57,8 @@ def blocks_by_name(source):
 
 def marked_copies(source):
     """[(line number, Name, qualified name of the definition that follows the marker or None, modification or
-    None)] for every marker. The definition must follow the marker directly (only blank lines or comments
-    between)."""
+    None, the model file it names)] for every marker. The definition must follow the marker directly (only blank
+    lines or comments between)."""
     lines = source.splitlines()
     starts = {start: name for name, start, _ in definitions(source)}
     copies = []
@@ -70,19 +73,23 @@ def marked_copies(source):
                 break
             if lines[later - 1].strip() and not lines[later - 1].lstrip().startswith('#'):
                 break                                   # a statement that is not a definition
-        copies.append((number, match.group(1), following, match.group(2)))
+        copies.append((number, match.group(2), following, match.group(3), match.group(1)))
     return copies
 
 
-def check_copies(path, source_path=SOURCE):
-    """Problems (strings) with the `# Copied from model_xl.py (Name)` blocks of path; [] when all is well."""
-    source_blocks = blocks_by_name(Path(source_path).read_text())
+def check_copies(path):
+    """Problems (strings) with the `# Copied from model_NAME.py (Name)` blocks of path, each compared with the
+    model file its marker names; [] when all is well."""
     text = Path(path).read_text()
     blocks = blocks_by_name(text)
     problems = []
-    for number, name, following, modification in marked_copies(text):
+    for number, name, following, modification, source in marked_copies(text):
         where = f"{Path(path).name}:{number}"
-        if following is None:
+        source_path = ROOT / source
+        source_blocks = blocks_by_name(source_path.read_text()) if source_path.exists() else {}
+        if not source_path.exists():
+            problems.append(f"{where}: {source} is not a model file of the repository")
+        elif following is None:
             problems.append(f"{where}: marker for {name} is followed by no class/def")
         elif name not in source_blocks:
             problems.append(f"{where}: {name} is not a class/def of {Path(source_path).name}")
@@ -128,25 +135,36 @@ def test_copied_blocks_match_model_xl(path):
     assert check_copies(path) == []
 
 
-def test_model_xl_marks_its_shared_blocks():
-    """model_xl.py holds the originals and marks them; whatever another file copies must be marked there."""
-    marked_in_source = {name for _, name, _, _ in marked_copies(SOURCE.read_text())}
-    assert marked_in_source, "model_xl.py marks no shared blocks"
+@pytest.mark.parametrize('source', [SOURCE, GPT2_SOURCE], ids=lambda p: p.name)
+def test_model_xl_marks_its_shared_blocks(source):
+    """model_xl.py (and model_gpt2.py, for GPT-2's blocks) holds the originals and marks them; whatever another file
+    copies from it must be marked there."""
+    if not source.exists():
+        pytest.skip(f"{source.name} is not in the repository")
+    marked_in_source = {name for _, name, _, _, _ in marked_copies(source.read_text())}
+    assert marked_in_source, f"{source.name} marks no shared blocks"
     for path in MODEL_FILES:
-        copied = {name for _, name, _, _ in marked_copies(path.read_text())}
+        copied = {name for _, name, _, _, of in marked_copies(path.read_text()) if of == source.name}
         assert copied <= marked_in_source, (path.name, copied - marked_in_source)
 
 
 @pytest.mark.parametrize('path', [p for p in MODEL_FILES if p != SOURCE], ids=lambda p: p.name)
 def test_every_model_file_copies_the_shared_blocks(path):
     """Every other model file (model_lamemo.py included) copies its shared blocks from model_xl.py instead of
-    importing or rewriting them, so the checks above cover it."""
-    copied = {name for _, name, _, _ in marked_copies(path.read_text())}
-    assert {'PositionwiseFF', 'ScaledEmbedding', 'sample_next', 'decode'} <= copied, path.name
+    importing or rewriting them, so the checks above cover it. A GPT-2 form has GPT-2's feed-forward and embeddings,
+    not Transformer-XL's: it copies the generation loop from model_xl.py and GPT-2's blocks from model_gpt2.py."""
+    marks = marked_copies(path.read_text())
+    copied = {name for _, name, _, _, source in marks if source == SOURCE.name}
+    if 'gpt2' not in path.stem:
+        assert {'PositionwiseFF', 'ScaledEmbedding', 'sample_next', 'decode'} <= copied, path.name
+        return
+    assert {'sample_next', 'decode'} <= copied, path.name
+    from_gpt2 = {name for _, name, _, _, source in marks if source == GPT2_SOURCE.name}
+    assert 'MLP' in from_gpt2, path.name
 
 
 def test_checker_detects_modified_copy(tmp_path):
-    name = next(name for _, name, _, _ in marked_copies(SOURCE.read_text()) if '.' not in name)
+    name = next(name for _, name, _, _, _ in marked_copies(SOURCE.read_text()) if '.' not in name)
     original = blocks_by_name(SOURCE.read_text())[name]
     header = "import torch\n\n\n"
 
@@ -178,7 +196,7 @@ def test_checker_detects_modified_copy(tmp_path):
 
 def test_checker_guards_methods(tmp_path):
     """A marker inside a class guards the method under it, against the method of the same class in model_xl.py."""
-    method = next(name for _, name, _, modified in marked_copies(SOURCE.read_text()) if '.' in name and not modified)
+    method = next(name for _, name, _, modified, _ in marked_copies(SOURCE.read_text()) if '.' in name and not modified)
     cls, _ = method.split('.')
     original = blocks_by_name(SOURCE.read_text())[method]
     header = f"import torch\n\n\nclass {cls}:\n    # Copied from model_xl.py ({method})\n    "
@@ -208,3 +226,23 @@ def test_import_checker_flags_other_modules(tmp_path):
                     "import einops\nfrom transformers import AutoModel\nfrom . import helpers\n"
                     "def f():\n    import requests\n")
     assert sorted(disallowed_imports(path)) == sorted(['einops', 'transformers', '.', 'requests'])
+
+
+def test_checker_compares_with_the_file_the_marker_names(tmp_path):
+    """A `# Copied from model_gpt2.py (Name)` block is compared with model_gpt2.py's Name, not model_xl.py's."""
+    if not GPT2_SOURCE.exists():
+        pytest.skip("model_gpt2.py is not in the repository")
+    original = blocks_by_name(GPT2_SOURCE.read_text())['MLP']
+    good = tmp_path / 'model_good.py'
+    good.write_text(f"import torch\n\n\n# Copied from model_gpt2.py (MLP)\n{original}\n")
+    assert check_copies(good) == []
+    bad = tmp_path / 'model_bad.py'
+    bad.write_text(f"import torch\n\n\n# Copied from model_gpt2.py (MLP)\n{original.replace('tanh', 'none')}\n")
+    problems = check_copies(bad)
+    assert len(problems) == 1 and 'differs' in problems[0]
+    wrong_file = tmp_path / 'model_wrong.py'                # MLP is model_gpt2.py's, not model_xl.py's
+    wrong_file.write_text(f"import torch\n\n\n# Copied from model_xl.py (MLP)\n{original}\n")
+    assert 'not a class/def of model_xl.py' in check_copies(wrong_file)[0]
+    unknown = tmp_path / 'model_unknown.py'
+    unknown.write_text(f"import torch\n\n\n# Copied from model_nosuch.py (MLP)\n{original}\n")
+    assert 'not a model file' in check_copies(unknown)[0]

@@ -698,3 +698,35 @@ def test_scan_reads_chunks_and_remembers_its_verdict(good_data, monkeypatch):
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # same size and mtime as the last scan
     loader.load_split(good_data, "train")                             # so its verdict is reused
     assert list(loader._largest.values()) == [256, 255]
+
+
+def test_pg19_books_keeps_the_first_training_books(tmp_path, capsys):
+    """--books=N: the first N training books in file-name order (as strings: 10.txt, 2.txt, 3.txt), every
+    validation and test book; meta.json says how many; a re-run with another N prepares again."""
+    src, out = make_pg19(tmp_path / "src"), str(tmp_path / "out")
+    pg19.main(["--source", src, "--out_dir", out, "--num_proc", "1", "--books", "2"])
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    assert meta["books"] == 2
+    assert documents(out, "train") == [BOOKS["train"]["10.txt"], BOOKS["train"]["2.txt"]]
+    assert meta["splits"]["train"]["documents"] == 2 and meta["splits"]["train"]["words"] == 7 + 11
+    for split in ("validation", "test"):
+        assert documents(out, split) == [BOOKS[split][name] for name in sorted(BOOKS[split])]
+    pg19.main(["--source", src, "--out_dir", out, "--num_proc", "1", "--books", "1"])
+    assert documents(out, "train") == [BOOKS["train"]["10.txt"]]
+    pg19.main(["--source", src, "--out_dir", out, "--num_proc", "1"])      # 0 = all: the full dataset again
+    check_pg19_output(out)
+    assert "books" not in json.load(open(os.path.join(out, "meta.json")))
+
+
+def test_pg19_books_default_out_dir_and_errors(tmp_path):
+    """--books=N writes data/pg19_N/ (--dataset=pg19_N) unless --out_dir says otherwise; more books than the split
+    has, or a negative count, is one line."""
+    data = os.path.dirname(os.path.dirname(os.path.abspath(pg19.__file__)))
+    assert pg19.default_out_dir(2000) == os.path.join(data, "pg19_2000")
+    assert pg19.default_out_dir() == os.path.join(data, "pg19")
+    src = make_pg19(tmp_path / "src")
+    assert "only 3 books" in error_message(pg19.main, ["--source", src, "--out_dir", str(tmp_path / "x"),
+                                                       "--books", "4"])
+    with pytest.raises(SystemExit) as e:
+        pg19.main(["--books", "-1"])
+    assert e.value.code == 2

@@ -30,6 +30,7 @@ VARIANTS = {
     'infini_delta': dict(TINY_MODELS['infini'], memory_update='delta'),
     'infformer': dict(TINY_MODELS['infformer'], mem_len=4, sticky=False),
     'infformer_sticky': dict(TINY_MODELS['infformer'], mem_len=4),
+    'gpt2': TINY_MODELS['gpt2'],
 }
 
 

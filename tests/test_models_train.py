@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import train
-from _models import TINY_MODELS
+from _models import MEMORYLESS, TINY_MODELS
 from _train_util import (ROOT, TEXT, assert_identical, flags, load, make_pattern_dataset, pattern_tokens, read_log,
                          run_python, write_dataset)
 
@@ -93,7 +93,7 @@ def test_reset_memory_equals_a_fresh_memory_for_the_masked_rows(name):
         memory = fill(model, model.init_memory(2, 'cpu'), 3)
         used, _, _, _ = model(idx, memory)
         fresh, _, _, _ = model(idx, model.init_memory(2, 'cpu'))
-        assert not torch.allclose(used, fresh, atol=1e-5), "the memory does not change the logits"
+        assert name in MEMORYLESS or not torch.allclose(used, fresh, atol=1e-5), "the memory does not change the logits"
         reset, _, _, _ = model(idx, model.reset_memory(memory, torch.tensor([True, False])))
     torch.testing.assert_close(reset[0], fresh[0], rtol=0, atol=1e-6)
     torch.testing.assert_close(reset[1], used[1], rtol=0, atol=1e-6)
@@ -127,7 +127,8 @@ def test_resume_is_exact(name, tmp_path):
     train.train(flags(data, split, model, max_iters=6, init_from='resume', **RESUME))
     a, b = load(straight / 'ckpt.pt'), load(split / 'ckpt.pt')
     assert a['step'] == 6 and a['data_position'] == 12
-    assert any(v.abs().sum() > 0 for m in a['memory'] for v in m.values() if v.is_floating_point())
+    assert name in MEMORYLESS or any(v.abs().sum() > 0 for m in a['memory'] for v in m.values()
+                                     if v.is_floating_point())
     assert_identical(comparable(a), comparable(b))
     def logged(out_dir):                             # every logged value but the timings
         return [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(out_dir)]
@@ -192,7 +193,7 @@ def test_ddp_two_processes_on_cpu(name, data_dir, tmp_path):
         for k, v in memory.items():
             assert v.shape == (2,) + template[k].shape, k            # (ranks, ...) gathered from both ranks
         floats = [v for v in memory.values() if v.is_floating_point()]
-        assert any(not torch.equal(v[0], v[1]) for v in floats)       # each rank its own streams
+        assert name in MEMORYLESS or any(not torch.equal(v[0], v[1]) for v in floats)   # each rank its own streams
     assert [r['validation/tokens'] for r in read_log(out_dir) if 'validation/tokens' in r] == [299]
 
 
@@ -255,4 +256,7 @@ def test_sample_feeds_a_long_prompt_through_memory(name, enc, tmp_path):
 
     expected = greedy(prompt)
     assert proc.stdout.decode('utf-8') == decode(expected) + '\n'
-    assert expected != greedy(prompt[n_full * T:])                    # the memory matters for this prompt
+    if name in MEMORYLESS:                                            # nothing crosses a segment
+        assert expected == greedy(prompt[n_full * T:])
+    else:
+        assert expected != greedy(prompt[n_full * T:])                # the memory matters for this prompt

@@ -1,0 +1,180 @@
+"""
+OpenAI's GPT-2 weights for the GPT-2 forms (model_gpt2.py and the memory forms built on it), as nanoGPT's
+--init_from=gpt2 does, from the Hugging Face hub format (model.safetensors + config.json):
+
+    python train.py --model=gpt2 --init_from=gpt2 ...              # also gpt2-medium, gpt2-large, gpt2-xl
+    python train.py --model=infformer_gpt2 --init_from=gpt2:DIR    # a directory holding model.safetensors, config.json
+
+A hub name is looked up in the local Hugging Face cache first, then downloaded where the network is. The names are
+mapped here, with the safetensors package: transformers is never imported. config.json fixes the architecture
+(GPT2_FIELDS); a flag that contradicts it is an error. HF's GPT-2 uses Conv1D, which stores a weight as (in, out):
+our nn.Linear wants (out, in), so those four weights are transposed. Every GPT-2 tensor must be in the file and fit;
+a memory form's own parameters (other names) stay at their init and are listed in the log.
+Every failure is a UserError: one line, never a traceback.
+"""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from configurator import UserError, available_models, import_model
+
+HUB_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')
+HUB_ORG = 'openai-community'        # the hub's home of OpenAI's GPT-2 (the bare names redirect there)
+FILES = ('model.safetensors', 'config.json')
+GPT2_FIELDS = ('vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_positions', 'layer_norm_epsilon')   # config.json's
+CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')      # stored (in, out)
+LAYER_TENSORS = ('ln_1.weight', 'ln_1.bias', 'attn.c_attn.weight', 'attn.c_attn.bias', 'attn.c_proj.weight',
+                 'attn.c_proj.bias', 'ln_2.weight', 'ln_2.bias', 'mlp.c_fc.weight', 'mlp.c_fc.bias',
+                 'mlp.c_proj.weight', 'mlp.c_proj.bias')
+IGNORED = re.compile(r'.*\.attn\.(masked_)?bias$')   # the causal-mask buffers older HF checkpoints hold
+
+
+def is_gpt2(init_from):
+    """Does --init_from name GPT-2 weights (a hub name or gpt2:DIR)?"""
+    return init_from in HUB_NAMES or init_from.startswith('gpt2:')
+
+
+def check_init_from(init_from, others=('scratch', 'resume')):
+    """TrainConfig's check of --init_from (ValueError: configurator makes it one line)."""
+    if init_from in others or init_from in HUB_NAMES or (init_from.startswith('gpt2:') and init_from[5:]):
+        return
+    raise ValueError(f"init_from must be {', '.join(others)}, {', '.join(HUB_NAMES)} or gpt2:DIR, got {init_from!r}")
+
+
+def gpt2_names(n_layer):
+    """The GPT-2 part's parameter names, Hugging Face GPT2LMHeadModel's (lm_head.weight is tied to wte's)."""
+    names = ['transformer.wte.weight', 'transformer.wpe.weight']
+    names += [f'transformer.h.{i}.{t}' for i in range(n_layer) for t in LAYER_TENSORS]
+    return names + ['transformer.ln_f.weight', 'transformer.ln_f.bias', 'lm_head.weight']
+
+
+def check_gpt2_form(model_name, module):
+    """Only a model whose class says gpt2_form = True has GPT-2's parameters to load into."""
+    if getattr(module.Model, 'gpt2_form', False):
+        return
+    forms = [n for n in available_models() if n != model_name and getattr(import_model(n).Model, 'gpt2_form', False)]
+    raise UserError(f"model {model_name} has no GPT-2 form; use --model={', '.join(forms) or 'gpt2'}")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Where the files are
+
+
+def locate(init_from):
+    """The directory holding model.safetensors and config.json for --init_from (gpt2:DIR, or a hub name)."""
+    if init_from.startswith('gpt2:'):
+        directory = Path(init_from[len('gpt2:'):]).expanduser()
+        missing = [f for f in FILES if not (directory / f).is_file()]
+        if missing:
+            raise UserError(f"--init_from={init_from}: {directory} has no {' or '.join(missing)} (a GPT-2 in the "
+                            f"Hugging Face format: model.safetensors and config.json)")
+        return directory
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise UserError(f"--init_from={init_from} needs the huggingface_hub package (pip install huggingface_hub), "
+                        f"or the files in a directory: --init_from=gpt2:DIR") from None
+    repo = f'{HUB_ORG}/{init_from}'
+    for repo_id, local_only in ((repo, True), (init_from, True), (repo, False)):   # the cache, then the hub
+        try:
+            directory = Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=list(FILES),
+                                                               local_files_only=local_only))
+        except Exception:                          # not cached, offline, unreachable: the next way, then one line
+            continue
+        if all((directory / f).is_file() for f in FILES):
+            return directory
+    raise UserError(f"--init_from={init_from}: not in the Hugging Face cache and the hub cannot be reached; "
+                    f"download {' and '.join(FILES)} from https://huggingface.co/{repo} into a directory DIR and "
+                    f"use --init_from=gpt2:DIR (`hf download {repo} {' '.join(FILES)} --local-dir DIR` fetches them "
+                    f"where the network is)")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The architecture (config.json) and the weights (model.safetensors)
+
+
+def read_gpt2_config(directory):
+    """{field: value} of GPT2_FIELDS from directory/config.json."""
+    path = Path(directory) / 'config.json'
+    try:
+        hf = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    missing = [k for k in GPT2_FIELDS if k not in hf] if isinstance(hf, dict) else list(GPT2_FIELDS)
+    if missing:
+        raise UserError(f"{path} is not a GPT-2 config.json: it has no {', '.join(missing)}")
+    return {k: hf[k] for k in GPT2_FIELDS}
+
+
+def configure(model_cfg, given, directory):
+    """model_cfg with config.json's architecture; a flag the user gave (given) that contradicts it is an error.
+    A seg_len the user did not give is cut to n_positions where it is longer (a small GPT-2)."""
+    hf = read_gpt2_config(directory)
+    if 'seg_len' not in given and isinstance(hf['n_positions'], int) and model_cfg.seg_len > hf['n_positions']:
+        hf['seg_len'] = hf['n_positions']
+    for k, value in hf.items():
+        if k in given and k != 'seg_len' and getattr(model_cfg, k) != value:
+            raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts {Path(directory) / 'config.json'} "
+                            f"({k}={value}): the pretrained weights fix it")
+    try:
+        return dataclasses.replace(model_cfg, **hf)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"with {Path(directory) / 'config.json'}'s architecture: {e}") from None
+
+
+def load_weights(model, directory):
+    """Copy directory/model.safetensors into model's GPT-2 part. -> (tensors loaded, names left at init)"""
+    try:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+    except ImportError:
+        raise UserError("--init_from=gpt2... needs the safetensors package (pip install safetensors)") from None
+    path = Path(directory) / 'model.safetensors'
+    try:
+        found = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    # GPT2LMHeadModel's files name its tensors transformer.*, GPT2Model's (the hub's gpt2) without the prefix
+    found = {(k if k.startswith(('transformer.', 'lm_head.')) else 'transformer.' + k): v
+             for k, v in found.items() if not IGNORED.match(k)}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    wanted = gpt2_names(model.config.n_layer)
+    head = found.pop('lm_head.weight', None)                   # tied to wte: files often leave it out
+    wte = found.get('transformer.wte.weight')
+    if head is not None and wte is not None and not torch.equal(head, wte):
+        raise UserError(f"{path}: lm_head.weight differs from transformer.wte.weight; GPT-2 ties them")
+    found['lm_head.weight'] = wte
+    missing = [k for k in wanted if k not in params]
+    if missing:
+        raise UserError(f"the model has no parameter {missing[0]}: it is not a GPT-2 form")
+    absent = [k for k in wanted if found.get(k) is None]
+    if absent:
+        more = f" (and {len(absent) - 1} more)" if len(absent) > 1 else ""
+        raise UserError(f"{path} has no tensor {absent[0]}{more}: not a GPT-2 of this config")
+    with torch.no_grad():
+        for k in wanted[:-1]:                                  # lm_head.weight is wte's
+            tensor = found[k].t() if k.endswith(CONV1D) else found[k]
+            if tensor.shape != params[k].shape:
+                stored = f" (stored as Conv1D {tuple(found[k].shape)})" if k.endswith(CONV1D) else ""
+                raise UserError(f"{path}: {k} has shape {tuple(tensor.shape)}{stored}, the model's is "
+                                f"{tuple(params[k].shape)}")
+            params[k].copy_(tensor)
+    left = [k for k in params if k not in set(wanted)]
+    return len(wanted), left
+
+
+def init_from_gpt2(init_from, model_name, module, model_cfg, given):
+    """The model of --init_from=gpt2... : config.json's architecture, GPT-2's weights, the rest at init.
+    -> (model_cfg, model, one line for the log)"""
+    check_gpt2_form(model_name, module)
+    directory = locate(init_from)
+    model_cfg = configure(model_cfg, given, directory)
+    model = module.Model(model_cfg)
+    n, left = load_weights(model, directory)
+    left = list(dict.fromkeys(re.sub(r'\.h\.\d+\.', '.h.*.', k) for k in left))   # one name for every layer's
+    note = f"; left at init: {', '.join(left)}" if left else ""
+    return model_cfg, model, f"loaded GPT-2 weights from {directory} ({n} tensors){note}"
