@@ -30,6 +30,8 @@ VARIANTS = {
     'infini_delta': dict(TINY_MODELS['infini'], memory_update='delta'),
     'infformer': dict(TINY_MODELS['infformer'], mem_len=4, sticky=False),
     'infformer_sticky': dict(TINY_MODELS['infformer'], mem_len=4),
+    'infformer_gpt2': dict(TINY_MODELS['infformer_gpt2'], sticky=False),
+    'infformer_gpt2_sticky': TINY_MODELS['infformer_gpt2'],
 }
 
 

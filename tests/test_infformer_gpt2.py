@@ -12,11 +12,14 @@ CPU tests for model_infformer_gpt2.py: the ∞-former's §4.2 setting, GPT-2 + t
 import math
 import re
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.distributions as dist
 
 from _gpt2_util import write_tiny_gpt2
+from configurator import read_config_file
 from _model_tests import (V, assert_greedy_generate_matches_forward, assert_sampled_generate_matches_forward,
                           differs, run_segments, tokens, train_on_repeated_pattern)
 from model_infformer_gpt2 import Config, Model, counter_uniforms, sample_next, sample_sticky_points
@@ -113,7 +116,8 @@ class AuthorsLongTermAttention:
         self.proj_key, self.proj_value, self.attn_out = ours.key_net, ours.value_net, ours.o_net
         self.mask_net, self.mu, self.sigma = ours.gate, ours.mu_affine, ours.sigma_affine
         self.head_size, self.n_head, self.attn_num_basis = head_size, n_heads, attn_num_basis
-        self.length, self.nb_samples, self.mem_threshold, self.sticky_memories = length, nb_samples, mem_threshold, sticky
+        self.length, self.nb_samples, self.mem_threshold = length, nb_samples, mem_threshold
+        self.sticky_memories = sticky
         self.sigma_0, self.mu_0, self.tau, self.ridge_penalty = sigma_0, mu_0, 0.5, 0.5
         self.count, self.B_past, self.attn_past = 0, None, None
         f64 = torch.float64
@@ -276,6 +280,27 @@ def test_sticky_points_are_bin_left_edges_drawn_from_the_histogram():
     assert set(t.flatten().tolist()) == {0.25, 0.75}              # the left edges of the bins with mass
     assert torch.equal(t, t.sort(dim=-1).values)
     assert abs((t == 0.75).float().mean().item() - 0.75) < 0.03
+
+
+# --- The configs ---------------------------------------------------------------------------------------------
+# §4.2's figures, then the authors' finetune_gpt2: README command, config.json, long_term_attention.py constants,
+# training_args.py's learning_rate_ltm, and the Hugging Face Trainer defaults the command leaves in place.
+SECTION_4_2 = dict(init_from='gpt2', seg_len=512, n_basis=512, ltm_reset_len=2048)
+AUTHORS = dict(batch_size=1, eval_batch_size=1, kl_weight=1e-6, dropout=0.1, basis_widths='0.005,0.01',
+               ridge_lambda=0.5, unbounded=True, tau=0.5, n_samples=512, sticky_bins=128, cnn_gate=True, sigma_0=0.05, mu_0=-1.0,
+               sigma_sq_min=1e-4, ltm_lr_multiplier=5.0, learning_rate=5e-5, min_lr=0.0, warmup_iters=0,
+               weight_decay=0.0, grad_clip=1.0)
+
+
+@pytest.mark.parametrize('name, dataset', [('infformer_gpt2_pg19.py', 'pg19'),
+                                           ('infformer_gpt2_wt103.py', 'wikitext103')])
+def test_configs_have_section_4_2_figures_and_the_authors_values(name, dataset):
+    values = read_config_file(Path(__file__).resolve().parent.parent / 'config' / name)
+    assert values['model'] == 'infformer_gpt2' and values['dataset'] == dataset
+    assert {k: values[k] for k in {**SECTION_4_2, **AUTHORS}} == {**SECTION_4_2, **AUTHORS}
+    fields = {k: v for k, v in values.items() if k in Config.__dataclass_fields__}
+    Config(**fields)                                                # the model takes them
+    assert all(getattr(Config(), k) == v for k, v in fields.items())   # and they are its defaults
 
 
 # --- 3. The contract ----------------------------------------------------------------------------------------
