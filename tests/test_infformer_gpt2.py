@@ -396,3 +396,12 @@ def test_sampled_generate_matches_segmentwise_forward():
 def test_bad_config_is_a_value_error(fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Config(**{**TINY, **LTM, **fields})
+
+
+@pytest.mark.parametrize('fields', [dict(), dict(sticky=True), dict(cnn_gate=False), dict(unbounded=False),
+                                    dict(ltm=False)], ids=['default', 'sticky', 'no_gate', 'bounded', 'ltm_off'])
+def test_flops_per_token_matches_torch_flop_counter(fields):
+    """As tests/test_flops.py checks the other models: one training step with a full memory, per token."""
+    from test_flops import counted_per_token
+    model = make_model(vocab_size=64, n_samples=24, n_basis=32, **fields).train()
+    assert model.flops_per_token() == pytest.approx(counted_per_token(model), rel=1e-6)
