@@ -73,6 +73,7 @@ class Config:
     sigma_sq_min: float = 1e-4       # floor of σ² (Eq. 10), their GPT-2 code's
     ltm_lr_multiplier: float = 5.0   # the LTM's learning rate over GPT-2's: their learning_rate_ltm 2.5e-4 / 5e-5
 
+    # Copied from model_infformer.py (Config.__post_init__) with GPT-2's fields (model_gpt2.py's checks)
     def __post_init__(self):
         lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_positions', 'seg_len', 'n_samples',
                                 'sticky_bins'), 1)
@@ -103,6 +104,7 @@ class Config:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
+# Copied from model_infformer.py (Memory) with no STM (no length): the waiting slots only
 @dataclass
 class Memory:
     """Fixed-shape state. Each layer's inputs wait in 2 seg_len - 1 slots (the newest ltm_pending of them) until the
@@ -441,6 +443,7 @@ class CausalSelfAttention(nn.Module):
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.d_head)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)                 # q, k, v: each (B, H, T, D)
 
+    # Copied from model_gpt2.py (CausalSelfAttention.forward) with Z_LTM added before the dropout
     def forward(self, x, attn_mask=None, cache=None, ltm=None):
         """As model_gpt2.py's, plus ltm: LTMRead or None (no LTM). -> out (B, T, C), (k, v), (μ, σ²) or None"""
         q, k, v = self.query_key_value(x)
@@ -468,12 +471,14 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
+    # Copied from model_gpt2.py (Block.forward) with the LTM read passed and its density returned
     def forward(self, x, attn_mask=None, cache=None, ltm=None):
         a, kv, density = self.attn(self.ln_1(x), attn_mask, cache, ltm)
         x = x + a
         return x + self.mlp(self.ln_2(x)), kv, density
 
 
+# Copied from model_infformer.py (SegmentStart) with no STM (its keys and validity removed)
 class SegmentStart(NamedTuple):
     """What every position of a segment shares, computed once at its start (Model._begin_segment)."""
     ltm_B: list               # n_layer (B, N, C): each layer's LTM after this step's write (§3.2)
@@ -481,6 +486,7 @@ class SegmentStart(NamedTuple):
     write: LTMWrite           # the rows that wrote, and Memory.ltm_written after it
 
 
+# Copied from model_gpt2.py (OpenSegment) with model_infformer.py's start, hids and densities added
 @dataclass
 class OpenSegment:
     """generate()'s segment, from its first token until decode() closes it into the memory, in buffers of fixed shape
@@ -543,6 +549,7 @@ class Model(nn.Module):
 
     # --- memory -------------------------------------------------------------------------------------------
 
+    # Copied from model_infformer.py (Model.init_memory) with no STM
     def init_memory(self, batch_size, device, mem_len=None):
         """Empty memory for batch_size fresh streams; mem_len (train.py's --eval_mem_len) is ignored: no STM."""
         c = self.config
@@ -550,6 +557,7 @@ class Model(nn.Module):
         mem = torch.zeros(c.n_layer, batch_size, 2 * c.seg_len - 1, c.n_embd, device=device, dtype=dtype)
         return Memory(mem=mem, **self.long_term.empty_state(batch_size, device, dtype))
 
+    # Copied from model_infformer.py (Model.reset_memory) with no STM
     def reset_memory(self, memory, mask):
         """Empty the LTM and the waiting vectors of the rows where mask (B,) is True: fresh streams' rows."""
         fresh = self.init_memory(mask.size(0), mask.device)
@@ -560,6 +568,7 @@ class Model(nn.Module):
         """The LTM after this segment's write of the previous segment's vectors (§3.2). -> SegmentStart"""
         return SegmentStart(*self.long_term.begin_segment(memory, [block.attn.ltm for block in self.transformer.h]))
 
+    # Copied from model_infformer.py (Model._update_memory) with no STM: every new vector waits for the LTM
     def _update_memory(self, memory, start, hids, densities):
         """The layers' inputs hids (n_layer (B, T, C)) wait for the next segment's write (SG), and the LTM moves on."""
         T = hids[0].size(1)
@@ -569,6 +578,7 @@ class Model(nn.Module):
 
     # --- forward ------------------------------------------------------------------------------------------
 
+    # Copied from model_gpt2.py (Model.forward) with model_infformer.py's LTM write, read and KL (Eq. 21) added
     def forward(self, idx, memory, targets=None):
         """idx: (B, T) tokens, T <= seg_len, at positions 0..T-1; memory: Memory. Returns (logits, loss, new_memory,
         aux). The segment's first job is the LTM's write of the previous segment (§3.2), its last to leave its own
@@ -607,6 +617,7 @@ class Model(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
+    # Copied from model_gpt2.py (Model.flops_per_token) with the LTM's weights left out and its FLOPs added
     def flops_per_token(self, mem_len=None):
         """Training FLOPs per token for MFU (6 a multiply-add with both gradients, 4 with the weight's alone; memory
         detached): model_gpt2.py's count, plus the LTM's write and read (their flops_per_token)."""
@@ -620,6 +631,7 @@ class Model(nn.Module):
 
     # --- generation ---------------------------------------------------------------------------------------
 
+    # Copied from model_gpt2.py (Model.open_segment) with the LTM's write and the hids and densities buffers
     def open_segment(self, memory, tokens, seg=None):
         """A segment's first tokens (B, T), in a new OpenSegment or in seg's buffers (decode() reuses them).
         The LTM's write (§3.2) happens here. -> the logits (B, V) of the last token, the OpenSegment"""
@@ -636,6 +648,7 @@ class Model(nn.Module):
                                       densities=memory.mem.new_zeros(2, c.n_layer, B, c.n_head, c.seg_len, dtype=f32)))
         return self.step(tokens, seg, tokens.size(1)), seg
 
+    # Copied from model_gpt2.py (Model.step) with the LTM read and model_infformer.py's hids and densities kept
     def step(self, tokens, seg, filled=None):
         """The next T tokens (B, T) of the open segment seg, which it updates in place. filled: as model_xl.py's (the
         step skips the seg_len - filled padding slots on the left; None: it reads them too, as a graph wants).
@@ -662,6 +675,7 @@ class Model(nn.Module):
             seg.densities[..., S:] = torch.cat([seg.densities[..., S + T:], new], dim=-1)
         return self.logits(h[:, -1])                                   # (B, V) logits of the last position
 
+    # Copied from model_infformer.py (Model.close_segment)
     def close_segment(self, memory, seg):
         """The memory after the open segment's seg_len tokens, as forward() makes it (with the LTM of its start)."""
         return self._update_memory(memory, seg.start, seg.hids.unbind(0), list(zip(*seg.densities)))
