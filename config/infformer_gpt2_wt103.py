@@ -35,11 +35,14 @@ mu_0 = -1.0                   # config.json mu_0
 sigma_sq_min = 1e-4           # long_term_attention.py clamp(sigma_sq, min=1e-4)
 ltm_lr_multiplier = 5.0       # training_args.py learning_rate_ltm 2.5e-4 over learning_rate 5e-5
 batch_size = 1                # README --per_device_train_batch_size=1
+gradient_accumulation_steps = 1   # Trainer default
 learning_rate = 5e-5          # Trainer default (the README passes none)
 min_lr = 0.0                  # Trainer default: linear decay to 0 (here a cosine)
 warmup_iters = 0              # Trainer default
 weight_decay = 0.0            # Trainer default
+beta1 = 0.9                   # Trainer default adam_beta1
+beta2 = 0.999                 # Trainer default adam_beta2
 grad_clip = 1.0               # Trainer default max_grad_norm
-max_iters = 234000            # one epoch (Trainer default num_train_epochs=1): ≈ 0.12B tokens (data/README.md) / 512
+max_iters = 234000            # one epoch (Trainer's num_train_epochs=1): ≈ 0.12B tokens (data/README.md) / 512
 eval_batch_size = 1           # README --per_device_eval_batch_size=1: one stream, the memory carried through it
 eval_interval = 10000         # ours (their Trainer evaluates once, after training)
