@@ -25,8 +25,12 @@ the LTM's contribution against a port of their long_term_attention.py):
   - the μ/σ² maps have no bias (the paper's "affine"): LongTermAttention.affines;
   - the KL also pulls μ toward μ₀ = -1 (their configs' mu_0; the paper's Eq. 20 has μ₀ = μ): LongTermMemory.kl;
   - a sticky point is the left edge of its bin; the zeros fitted outside [0, 1] sit where their code puts them.
-Ours, not theirs: the sticky draws come from a hash of a state in Memory (rng_seed), not a global generator; the
-memory is per row of the batch and lives in Memory (theirs in the modules, across batches, train and eval alike).
+Ours, not theirs: the sticky draws come from a hash of a state in Memory (rng_seed), not a global generator, and
+the histogram's outer edges are 0 and 1 (theirs ±1e-6 beyond); the memory is per row of the batch and lives in Memory
+(theirs in the modules, across batches, train and eval alike); a segment shorter than seg_len leaves its vectors
+waiting until seg_len have gathered (their code takes only full blocks of 512, which their run_clm.py makes).
+Reading order: the LTM's pieces (model_infformer.py's, copied), GPT-2's blocks (model_gpt2.py's, copied) with the
+LTM read added, the model (memory, forward, generate), the generic blocks every model file copies from model_xl.py.
 
 Letters: B batch, T tokens of this call, C n_embd (the paper's e), H heads, D = C / H, N n_basis, L seg_len,
 M n_samples, K key slots of a decode step; the paper's B is `ltm_B`, its D bins `sticky_bins`.
