@@ -36,7 +36,9 @@ import torch.nn.functional as F
 
 @dataclass
 class Config:
-    # Defaults: the paper's WikiText-103 model trained from scratch (Transformer-XL base, STM 150, N = 150).
+    # Defaults: our own WikiText-103 setting, trained from scratch (Transformer-XL base, STM 150, N = 150). The
+    # paper trains no LM from scratch: its §4.1 sorting models are XL-based, its §4.2 LMs fine-tune GPT-2
+    # (model_infformer_gpt2.py).
     vocab_size: int = 50304   # GPT-2's 50257 padded to a multiple of 64
     n_layer: int = 16
     n_head: int = 10

@@ -18,7 +18,6 @@ segments; the model never detaches it, train.py's `--bptt_segments=k` keeps the 
 
 Numbers are the paper's: Eq. 1 W_Q, W_K, W_V and Eq. 2 (§2.1.1); Eqs. 3-6 (§2.1.2), checked against quotations of
 its text. The multi-head output O = [A^1; ...; A^H] W_O is cited by section only (its number was not confirmed).
-SPEC §4 numbers retrieve/linear/delta/gate 7/8/9/10.
 
 Deviations and choices (also in the README):
   - An empty memory (M = 0, z = 0: Eq. 3 is 0/0) retrieves 0, known from a token count (no epsilon); the gate stays.

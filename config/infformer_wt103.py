@@ -1,7 +1,8 @@
-"""∞-former on WikiText-103 trained from scratch. Not the paper's §4.2 experiment, which fine-tunes GPT-2 small
-(inputs of 512, N = 512 basis functions, a memory threshold of 2,048 tokens): here the ∞-former's long-term memory
-is added to Transformer-XL base (config/xl_wt103.py: 16 layers, d_model 410, 10 heads of 41, d_inner 2100, segment
-150, STM 150, u and v per layer) and the whole model trained from random weights, so it compares with that config.
+"""∞-former on WikiText-103 trained from scratch: our own setting. The paper trains no language model from scratch
+(its §4.1 sorting models are Transformer-XL based; its §4.2 language models fine-tune GPT-2 small with inputs of 512,
+N = 512 basis functions and a memory threshold of 2,048 tokens: config/infformer_gpt2_wt103.py). Here the
+long-term memory is added to Transformer-XL base (config/xl_wt103.py: 16 layers, d_model 410, 10 heads of 41, d_inner
+2100, segment 150, STM 150, u and v per layer) and the whole model trained from random weights, to compare with it.
 What it takes from the paper and the authors' code: N = 150 Gaussian RBFs per layer with their language-modelling
 basis widths {0.005, 0.01}, τ = 0.5 and ridge λ = 0.5 (finetune_gpt2 long_term_attention.py), the CNN gate, and
 the KL regulariser toward σ₀ = 0.05 with weight 1e-6 (their README's --kl_m; the KL is summed over layers as

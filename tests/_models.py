@@ -18,6 +18,10 @@ TINY_MODELS = {
                       dropout=0.0, dropatt=0.0),
     'gpt2': dict(model='gpt2', vocab_size=256, n_layer=2, n_head=2, n_embd=16, n_positions=16, seg_len=8,
                  dropout=0.0),                                                 # GPT-2 alone, no memory
+    # 2 layers: one layer's untrained LTM read (a near-flat density) moves sample.py's greedy tokens too little
+    'infformer_gpt2': dict(model='infformer_gpt2', vocab_size=256, n_layer=2, n_head=2, n_embd=16, n_positions=16,
+                           seg_len=8, n_basis=16, n_samples=16, basis_widths='0.05,0.1', ltm_reset_len=24,
+                           sticky=True, dropout=0.0),
 }
 
 # Variants that carry nothing across segments (the GPT-2 baseline): the tests that check that the memory changes the

@@ -31,6 +31,8 @@ VARIANTS = {
     'infformer': dict(TINY_MODELS['infformer'], mem_len=4, sticky=False),
     'infformer_sticky': dict(TINY_MODELS['infformer'], mem_len=4),
     'gpt2': TINY_MODELS['gpt2'],
+    'infformer_gpt2': dict(TINY_MODELS['infformer_gpt2'], sticky=False),
+    'infformer_gpt2_sticky': TINY_MODELS['infformer_gpt2'],
 }
 
 
