@@ -258,7 +258,7 @@ def update_memory(memory, hids, layers, rate, keep_graph=False):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# The auxiliary compression losses (Rae et al. §3.2)
+# The auxiliary compression losses (Rae et al. §3.2): content attention, without ALiBi's bias
 
 # Copied from model_compressive.py (content_attention)
 def content_attention(q, k, v, key_valid, scale):
@@ -272,7 +272,7 @@ def content_attention(q, k, v, key_valid, scale):
 def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
     """f_c's local loss (§3.2), summed over layers (Algorithm 2, line 8), averaged over the rows that compressed
     something; only f_c learns from it. compressed: this segment's line 9; qkv: per layer, the forward's queries
-    (B, H, T, D), keys and values (B, H, n_cm + n_m + T, D) of [cm ; m ; h]. Neither side has ALiBi's bias.
+    (B, H, T, D), keys and values (B, H, n_cm + n_m + T, D) of [cm ; m ; h].
       attention     Algorithm 2: ‖attn(h, old_mem) − attn(h, new_cm)‖²
       autoencoding  ‖old_mem − g(new_cm)‖², g the layer's decoder"""
     old_mem, n_new, new_cm = compressed
@@ -300,24 +300,42 @@ def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
 # -----------------------------------------------------------------------------------------------------------
 # GPT-2's blocks (Radford et al. 2019; pre-LN), the attention reading [cm ; m ; segment]
 
-class Attention(nn.Module):
-    """GPT-2's causal self-attention whose keys and values are those of the memory slots, then the segment's."""
+class CausalSelfAttention(nn.Module):
+    """GPT-2's multi-head attention (model_gpt2.py's) whose keys and values are those of the memory slots, then the
+    segment's: softmax(q kᵀ/√D + ALiBi's bias) v."""
 
+    # Copied from model_gpt2.py (CausalSelfAttention.__init__)
     def __init__(self, config):
         super().__init__()
-        C = config.n_embd
-        self.n_head, self.d_head = config.n_head, C // config.n_head
-        self.c_attn = nn.Linear(C, 3 * C)                     # W_q, W_k, W_v (transformers' Conv1D, transposed)
-        self.c_proj = nn.Linear(C, C)
+        self.n_head, self.d_head = config.n_head, config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)   # W_Q, W_K, W_V side by side
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)       # W_O
+        self.attn_dropout_p = config.dropout                        # on the attention probabilities
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.dropout = config.dropout                         # on the attention probabilities (attn_pdrop)
-        self.scale = 1.0 / math.sqrt(self.d_head)
+
+    # Copied from model_gpt2.py (CausalSelfAttention.query_key_value)
+    def query_key_value(self, x):
+        """Queries, keys and values (B, H, T, D) of the layer's normalised input x (B, T, C)."""
+        B, T, C = x.shape
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.d_head)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)                 # q, k, v: each (B, H, T, D)
+
+    # Copied from model_gpt2.py (CausalSelfAttention.output)
+    def output(self, y):
+        """The heads' outputs y (B, H, T, D) merged and projected: the attention's contribution (B, T, C)."""
+        B, H, T, D = y.shape
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * D)))
+
+    @property
+    def scale(self):
+        """1/√D, the scale of every score (Algorithm 2's too)."""
+        return self.d_head ** -0.5
 
     def keys_values(self, x, detach=False):
-        """Keys and values (B, H, S, D) of LayerNorm'd states x (B, S, C); detach: under stop-gradient (Algorithm 2,
+        """Keys and values (B, H, S, D) of normalised states x (B, S, C); detach: under stop-gradient (Algorithm 2,
         line 5). A slot's key depends on its own state alone, so the memory's are computed once a segment."""
         B, S, C = x.shape
-        weight, bias = self.c_attn.weight[C:], self.c_attn.bias[C:]   # the rows of W_k and W_v
+        weight, bias = self.c_attn.weight[C:], self.c_attn.bias[C:]   # the rows of W_K and W_V
         if detach:
             weight, bias = weight.detach(), bias.detach()
         kv = F.linear(x, weight, bias).view(B, S, 2, self.n_head, self.d_head)
@@ -325,19 +343,19 @@ class Attention(nn.Module):
 
     def forward(self, x, mem_kv, attn_bias):
         """x (B, T, C): ln_1 of the segment's layer input; mem_kv: keys, values (B, H, S, D) of [cm ; m] (line 5);
-        attn_bias (B, H, T, K): ALiBi's bias, -inf where masked. -> out (B, T, C), (k, v) (B, H, K, D), q (B, H, T, D)"""
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.d_head).permute(2, 0, 3, 1, 4).unbind(0)
-        k = torch.cat([mem_kv[0], k], dim=2)                      # (B, H, K, D)  [SG(cm ; m) ∘ h] W_k
+        attn_bias (B, H, T, K): ALiBi's bias, -inf where masked. -> out (B, T, C), (k, v) (B, H, K, D), q (B, H, T, D)
+        """
+        q, k, v = self.query_key_value(x)
+        k = torch.cat([mem_kv[0], k], dim=2)                      # (B, H, K, D)  [SG(cm ; m) ∘ h] W_K
         v = torch.cat([mem_kv[1], v], dim=2)                      # (B, H, K, D)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias.to(q.dtype),   # softmax(qkᵀ/√D + bias) v
-                                           dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, T, C)                    # (B, T, C)
-        return self.resid_dropout(self.c_proj(y)), (k, v), q
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias.to(q.dtype),   # softmax(q kᵀ/√D + bias) v
+                                           dropout_p=self.attn_dropout_p if self.training else 0.0)
+        return self.output(y), (k, v), q
 
 
+# Copied from model_gpt2.py (MLP)
 class MLP(nn.Module):
-    """GPT-2's feed-forward sublayer: c_proj(GELU(c_fc(x))), the GELU's tanh approximation, 4C wide."""
+    """GPT-2's feed-forward: C -> 4C, GELU (its tanh approximation, HF's gelu_new), -> C, dropout."""
 
     def __init__(self, config):
         super().__init__()
@@ -350,12 +368,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """GPT-2's pre-LN block, with f_c (compress) and g (decoder, autoencoding) of the compressed memory."""
+    """GPT-2's pre-LN block, x + attn(ln_1(x)) then x + mlp(ln_2(x)), with f_c (compress) and g (decoder)."""
 
+    # Copied from model_gpt2.py (Block.__init__) with f_c (compress) and g (decoder, autoencoding) added
     def __init__(self, config):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-        self.attn = Attention(config)
+        self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
         if config.cmem_len > 0:
@@ -385,36 +404,48 @@ class Block(nn.Module):
 class Model(nn.Module):
     gpt2_form = True          # transformers' GPT-2 names: the loader (--init_from=gpt2) fills this model
 
+    # Copied from model_gpt2.py (Model.__init__) with ALiBi's slopes m_h added (a buffer)
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
         C = config.n_embd
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, C),
-            wpe=nn.Embedding(config.n_positions, C),
+            wte=nn.Embedding(config.vocab_size, C),               # token embedding, tied to lm_head
+            wpe=nn.Embedding(config.n_positions, C),              # learned absolute positions
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
             ln_f=nn.LayerNorm(C, eps=config.layer_norm_epsilon),
         ))
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight        # tied, as GPT-2
+        self.lm_head.weight = self.transformer.wte.weight         # tied, as GPT-2's
         slopes = alibi_slopes(config.n_head) if config.alibi else torch.zeros(config.n_head)
-        self.register_buffer('alibi_slopes', slopes, persistent=False)   # m_h, (H,)
+        self.register_buffer('alibi_slopes', slopes, persistent=False)   # m_h (H,); alibi=False: no bias
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():                  # GPT-2's scaled init of the residual projections
-            if name.endswith('c_proj.weight'):
-                nn.init.normal_(p, 0.0, config.init_std / math.sqrt(2 * config.n_layer))
 
+    # Copied from model_gpt2.py (Model._init_weights) with nn.Linear->(nn.Linear, nn.Conv1d): f_c's convolutions too
     def _init_weights(self, module):
-        # As transformers' GPT-2: N(0, init_std) weights, zero biases, LayerNorm gains 1; f_c's convolutions too
+        # As GPT-2's (HF GPT2PreTrainedModel): N(0, init_std) weights and embeddings, zero biases, LayerNorm 1 and 0,
+        # and the projections into the residual stream (c_proj) N(0, init_std / sqrt(2 n_layer)).
         std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
             nn.init.normal_(module.weight, 0.0, std)
-            if getattr(module, 'bias', None) is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.LayerNorm):
+        if isinstance(module, (nn.Linear, nn.Conv1d)) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, (CausalSelfAttention, MLP)):
+            nn.init.normal_(module.c_proj.weight, 0.0, std / math.sqrt(2 * self.config.n_layer))
+        if isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+
+    # Copied from model_gpt2.py (Model.embed)
+    def embed(self, idx, pos):
+        """h^0 (B, T, C) of the tokens idx (B, T) at the positions pos (T,): token + position embedding, dropout."""
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    # Copied from model_gpt2.py (Model.logits)
+    def logits(self, h):
+        """The output layer on the last block's output h (..., C): final LayerNorm, tied softmax weights."""
+        return self.lm_head(self.transformer.ln_f(h))              # (..., V)
 
     def lr_multipliers(self):
         """f_c and g learn compress_lr_mult times faster, as the authors' trainer's learning_rate_ltm group."""
@@ -449,10 +480,6 @@ class Model(nn.Module):
         bias = -self.alibi_slopes[:, None, None] * (distance * in_memory).float()   # (H, T, K)
         return bias[None].masked_fill(~allowed[:, None], float('-inf'))             # (B, H, T, K)
 
-    def _embed(self, idx, positions):
-        """GPT-2's input h^0 = wte(x) + wpe(position), position 0..T-1 within the segment. -> (B, T, C)"""
-        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
-
     # --- forward ------------------------------------------------------------------------------------------
 
     def forward(self, idx, memory, targets=None):
@@ -466,13 +493,13 @@ class Model(nn.Module):
         key_valid = torch.cat([memory_valid(memory), idx.new_ones(B, T, dtype=torch.bool)], dim=1)   # (B, S+T)
         in_memory = torch.arange(S + T, device=idx.device) < S                                       # (S+T,)
         attn_bias = self._attn_bias(key_valid, in_memory, T)     # (B, H, T, S+T)
-        h = self._embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)  h^(1) (line 3)
+        h = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)  h^(1) (line 3)
         hids, qkv = [], []
         for n, block in enumerate(self.transformer.h):            # line 4
             hids.append(h)                                        # layer n's input: its memory to be
             h, (k, v), q = block(h, block.keys_values(mem[n]), attn_bias)   # lines 6-7, 12
             qkv.append((q, k, v))                                 # Algorithm 2 reuses them
-        logits = self.lm_head(self.transformer.ln_f(h))           # (B, T, V)
+        logits = self.logits(h)                                   # (B, T, V)
         new_memory, compressed = update_memory(memory, torch.stack(hids), self.transformer.h,
                                                config.compression_rate,
                                                keep_graph=config.recon_loss == 'none' and self.training)
@@ -546,7 +573,7 @@ class Model(nn.Module):
         key_valid = torch.cat([seg.key_valid[:, S + T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K-S)
         in_memory = F.pad(seg.in_memory[S + T:], (0, T))               # (K-S,) the T new slots: the segment's
         attn_bias = self._attn_bias(key_valid, in_memory, T)           # (B, H, T, K-S)
-        h = self._embed(tokens, seg.t + torch.arange(T, device=tokens.device))   # positions t .. t+T-1
+        h = self.embed(tokens, seg.t + torch.arange(T, device=tokens.device))   # positions t .. t+T-1
         hids = []
         for n, block in enumerate(self.transformer.h):
             hids.append(h)
@@ -558,7 +585,7 @@ class Model(nn.Module):
         seg.in_memory[S:] = in_memory
         seg.hids[:, :, S:] = torch.cat([seg.hids[:, :, S + T:], torch.stack(hids).to(seg.hids.dtype)], dim=2)
         seg.t.add_(T)
-        return self.lm_head(self.transformer.ln_f(h[:, -1]))          # (B, V) logits of the last position
+        return self.logits(h[:, -1])                                   # (B, V) logits of the last position
 
     def close_segment(self, memory, seg):
         """The memory after the open segment's seg_len tokens, as forward() makes it (Algorithm 1, lines 8-11)."""
