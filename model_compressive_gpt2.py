@@ -245,16 +245,17 @@ def update_memory(memory, hids, layers, rate, keep_graph=False):
     (recon_loss='none'). -> the new Memory and what line 9 did, for the reconstruction losses (None when n_cm = 0)."""
     T, n_cm, n_m = hids.size(2), memory.cmem.size(2), memory.mem.size(2)
     mem, old_mem = push_fifo(memory.mem, hids.detach().to(memory.mem.dtype))   # lines 10 and 8, SG(h)
+    mem = mem.clone(memory_format=torch.contiguous_format)        # init_memory's strides, even with no slot (n_m = 0)
     mem_length = (memory.mem_length + T).clamp(max=n_m)
     n_old = memory.mem_length + T - mem_length                    # states that fell out of m (B,), right-aligned
     if n_cm == 0:                                                 # nothing kept beyond m
-        return replace(memory, mem=mem.contiguous(), mem_length=mem_length), None
+        return replace(memory, mem=mem, mem_length=mem_length), None
     groups, n_new = group_evicted(old_mem, n_old, rate)          # (L, B, G, c, C), n_new (B,) real groups
     new_cm = torch.stack([layer.compress(groups[n], n_new, None) for n, layer in enumerate(layers)])
     new_cm = torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)   # line 9, (L, B, G, C)
     cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())          # line 11
     cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
-    return Memory(cmem.contiguous(), cmem_length, mem.contiguous(), mem_length), Compressed(groups, n_new, new_cm)
+    return Memory(cmem.contiguous(), cmem_length, mem, mem_length), Compressed(groups, n_new, new_cm)
 
 
 # -----------------------------------------------------------------------------------------------------------

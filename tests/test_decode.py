@@ -30,6 +30,8 @@ VARIANTS = {
     'infini_delta': dict(TINY_MODELS['infini'], memory_update='delta'),
     'infformer': dict(TINY_MODELS['infformer'], mem_len=4, sticky=False),
     'infformer_sticky': dict(TINY_MODELS['infformer'], mem_len=4),
+    'compressive_gpt2': TINY_MODELS['compressive_gpt2'],
+    'compressive_gpt2_fifo': dict(TINY_MODELS['compressive_gpt2'], mem_len=4, cmem_len=4, compression='mean_pool'),
 }
 
 
