@@ -24,6 +24,7 @@ from _model_tests import (F64, V, assert_bf16_forward_backward, assert_close, as
                           assert_sampled_generate_matches_forward, differs, run_segments, tokens,
                           train_on_repeated_pattern)
 from model_compressive_gpt2 import COMPRESSIONS, Config, Model, alibi_slopes, sample_next
+from test_compressive import grads, is_compression_param, random_memory   # the same Memory fields
 
 ROOT = Path(__file__).resolve().parent.parent
 CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
@@ -41,19 +42,6 @@ def make_model(dtype=F64, seed=0, **overrides):
             if name.endswith('bias') or '.ln_' in name:
                 p.add_(0.1 * torch.randn_like(p))
     return model.to(dtype).eval()
-
-
-def random_memory(model, B, cmem_lengths, mem_lengths, seed=123):
-    """A memory whose every slot (valid or not) holds random states, with the given valid counts per row."""
-    m = model.init_memory(B, 'cpu')
-    g = torch.Generator().manual_seed(seed)
-    return replace(m, cmem=torch.randn(m.cmem.shape, generator=g, dtype=F64).to(m.cmem.dtype),
-                   mem=torch.randn(m.mem.shape, generator=g, dtype=F64).to(m.mem.dtype),
-                   cmem_length=torch.tensor(cmem_lengths), mem_length=torch.tensor(mem_lengths))
-
-
-def is_compression_param(name):
-    return '.compress.' in name or '.decoder.' in name
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -278,12 +266,6 @@ def test_reset_memory_row_equals_fresh_stream():
 # 4. The reconstruction loss: present, trains f_c, leaves the LM's gradients alone
 
 
-def grads(model, loss):
-    params = dict(model.named_parameters())
-    values = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-    return {name: g for name, g in zip(params, values)}
-
-
 def two_segments_loss(model):
     idx = tokens(2, 9, seed=4)
     with torch.no_grad():
@@ -363,14 +345,15 @@ def test_loss_goes_down_on_repeated_pattern(mem_len):
     assert final < 0.5 * initial, (initial, final)
 
 
-def generate_setup(with_memory, **overrides):
-    model = make_model(**overrides)
+def starting_memory(model, with_memory):
+    """The memory generate() starts from (None: it makes an empty one) and the same for forward(): with_memory,
+    after two segments of other tokens."""
+    if not with_memory:
+        return None, model.init_memory(2, 'cpu')
     seg = model.config.seg_len
-    memory = None
-    if with_memory:
-        with torch.no_grad():
-            _, memory = run_segments(model, tokens(2, 2 * seg, seed=8), model.init_memory(2, 'cpu'), seg)
-    return model, memory, memory if memory is not None else model.init_memory(2, 'cpu')
+    with torch.no_grad():
+        _, memory = run_segments(model, tokens(2, 2 * seg, seed=8), model.init_memory(2, 'cpu'), seg)
+    return memory, memory
 
 
 @pytest.mark.parametrize('compression', COMPRESSIONS)
@@ -379,15 +362,16 @@ def generate_setup(with_memory, **overrides):
 def test_greedy_generate_matches_segmentwise_forward(compression, seg_len, mem_len, cmem_len, with_memory):
     """Across several segment boundaries (compression in the cache), from an empty or a used memory, with a prompt
     longer than a segment; the logits too, not only their argmax."""
-    model, memory, start = generate_setup(with_memory, compression=compression, seg_len=seg_len, mem_len=mem_len,
-                                          cmem_len=cmem_len)
+    model = make_model(compression=compression, seg_len=seg_len, mem_len=mem_len, cmem_len=cmem_len)
+    memory, start = starting_memory(model, with_memory)
     assert_greedy_generate_matches_forward(model, tokens(2, seg_len + 2, seed=3), 4 * seg_len, memory, start, seg_len,
                                            logits_atol=1e-10)
 
 
 @pytest.mark.parametrize('alibi', [True, False])
 def test_sampled_generate_matches_segmentwise_forward(alibi):
-    model, memory, start = generate_setup(False, seg_len=2, mem_len=2, cmem_len=3, alibi=alibi)
+    model = make_model(seg_len=2, mem_len=2, cmem_len=3, alibi=alibi)
+    memory, start = starting_memory(model, False)
     assert_sampled_generate_matches_forward(model, tokens(2, 3, seed=3), 12, memory, start, 2, sample_next)
 
 
