@@ -67,6 +67,11 @@ class Config:
     compress_lr_mult: float = 5.0  # f_c, g learn this much faster (the authors: learning_rate_ltm 2.5e-4 / 5e-5)
     alibi: bool = True        # ALiBi's distance bias -m_h (i - j) on the memory slots; False: memory unbiased
 
+    @property
+    def d_head(self):
+        """D, each head's width (GPT-2 splits n_embd among its heads)."""
+        return self.n_embd // self.n_head
+
     def __post_init__(self):
         lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_positions', 'seg_len',
                                 'compression_rate'), 1)
@@ -296,6 +301,24 @@ def reconstruction_loss(kind, layers, compressed, qkv, n_cm):
             error = error / (n_new * rate * C).clamp(min=1)
         total = total + (error * rows).sum() / rows.sum().clamp(min=1)
     return total
+
+
+# Copied from model_compressive.py (compression_flops)
+def compression_flops(config, f_c):
+    """Training FLOPs of f_c and its loss per layer and full segment (G = T/c slots), 2 a multiply-add; norms, softmax
+    and pooling not counted, nor recon_loss='none''s gradients through time (--bptt_segments > 1)."""
+    T, C, HD, c = config.seg_len, config.n_embd, config.n_head * config.d_head, config.compression_rate
+    G = T // c
+    forward, backward = f_c.macs_per_slot()             # (0, 0) for pooling and most_used: nothing to learn
+    grad = 2 if backward > 0 and config.recon_loss != 'none' else 0   # FLOPs a multiply-add of a gradient to f_c
+    flops = G * (2 * forward + grad * backward)         # f_c
+    if config.recon_loss == 'autoencoding':
+        flops += (2 + 2 + grad) * G * c * C * C         # g: forward, weight gradient, gradient to new_cm
+    elif config.recon_loss == 'attention':              # Algorithm 2, the T queries' content attention:
+        flops += 2 * 2 * T * T * HD                     # over old_mem (T keys), q·k and p·v: forward only (all SG)
+        flops += (2 + grad) * 2 * G * C * HD            # new_cm's keys and values (weights SG): gradient to new_cm
+        flops += (2 * 2 + 4 * grad) * T * G * HD        # over new_cm: q·k, p·v; backward dp, dk, dv, unused dq
+    return flops
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -528,26 +551,18 @@ class Model(nn.Module):
     def flops_per_token(self, mem_len=None):
         """Training FLOPs (forward + backward) per token, for MFU: 6 per use of a weight but wpe's and f_c's
         (wte's once, as the output layer); 6 per multiply-add of the attention over K = cmem_len + mem_len + seg_len
-        keys (2 products of C·K); 4 per multiply-add of the memory's keys and values (no gradient into the memory);
-        f_c once per compressed slot and Algorithm 2's attention over the segment's keys, per token."""
+        keys (2 products of C·K); 6 per multiply-add of the memory's keys and values too (no gradient into the memory,
+        but one into ln_1(memory), for ln_1's weights); f_c and its loss once per compressed slot (compression_flops).
+        tests/test_compressive_gpt2.py checks it against torch's flop counter."""
         c = self.config
         matrices = sum(p.numel() for name, p in self.named_parameters()      # the weights of products but f_c's
                        if name.endswith('weight') and p.dim() > 1         # and g's
                        and '.compress.' not in name and '.decoder.' not in name and 'wpe' not in name)
         S = (c.mem_len if mem_len is None else mem_len) + c.cmem_len
-        T, C, G = c.seg_len, c.n_embd, c.seg_len // c.compression_rate
+        T, C = c.seg_len, c.n_embd
         weights, attention = 6 * matrices, 6 * 2 * c.n_layer * C * (S + T)
-        memory = 4 * c.n_layer * S * 2 * C * C / T                # [SG(cm) ; SG(m)] W_k, W_v
-        compression = 0
-        if c.cmem_len > 0:
-            forward, backward = self.transformer.h[0].compress.macs_per_slot()
-            grad = 2 if backward > 0 and c.recon_loss != 'none' else 0
-            per_segment = G * (2 * forward + grad * backward)
-            if c.recon_loss == 'autoencoding':
-                per_segment += (2 + 2 + grad) * G * c.compression_rate * C * C
-            elif c.recon_loss == 'attention':                     # as model_compressive.py's compression_flops
-                per_segment += 2 * 2 * T * T * C + (2 + grad) * 2 * G * C * C + (2 * 2 + 4 * grad) * T * G * C
-            compression = c.n_layer * per_segment / T
+        memory = 6 * c.n_layer * S * 2 * C * C / T                # ln_1([SG(cm) ; SG(m)]) W_K, W_V
+        compression = c.n_layer * compression_flops(c, self.transformer.h[0].compress) / T if c.cmem_len > 0 else 0
         return weights + attention + memory + compression
 
     # --- generation ---------------------------------------------------------------------------------------
