@@ -6,12 +6,12 @@ size; the rest is the authors' finetune_gpt2 (deep-spin/infinite-former): their 
 not in the repository: mem_len = 0 and conv compression are ours (model_compressive_gpt2.py's docstring says why).
 Their schedule is linear decay to 0; train.py's is cosine to min_lr.
 
-    python data/pg19/prepare.py --books=2000
+    python data/pg19/prepare.py --books=2000          # data/pg19_2000/
     python train.py config/compressive_gpt2_pg19.py
 """
 model = 'compressive_gpt2'
 init_from = 'gpt2'           # the paper fine-tunes GPT-2 small (--model_name_or_path=gpt2)
-dataset = 'pg19'             # prepared with --books=2000: the paper's subset
+dataset = 'pg19_2000'        # data/pg19/prepare.py --books=2000: the paper's subset
 out_dir = 'out-compressive-gpt2-pg19'
 seg_len = 512                # §4.2: input size L = 512 (--block_size=512)
 cmem_len = 512               # §4.2: "a compressed memory of size 512"
@@ -27,7 +27,8 @@ gradient_accumulation_steps = 1   # TrainingArguments' default
 learning_rate = 5e-5         # TrainingArguments' default (the README command sets none)
 min_lr = 0.0                 # their linear schedule ends at 0
 warmup_iters = 0             # TrainingArguments' default warmup_steps 0
-max_iters = 390625           # their num_train_epochs 1.0: one pass over ≈ 200M tokens at 512 a step
+max_iters = 390000           # their num_train_epochs 1.0: one pass over ≈ 200M tokens at 512 a step
+                             # (config/gpt2_pg19.py's figure; set it to your copy's train tokens / 512)
 weight_decay = 0.0           # TrainingArguments' default
 beta1 = 0.9                  # TrainingArguments' default adam_beta1
 beta2 = 0.999                # TrainingArguments' default adam_beta2

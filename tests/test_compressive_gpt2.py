@@ -426,7 +426,7 @@ def test_flops_per_token_matches_torch_flop_counter(fields):
 
 def test_pg19_config_has_the_papers_and_authors_values():
     values = runpy.run_path(str(ROOT / 'config' / 'compressive_gpt2_pg19.py'))
-    assert values['model'] == 'compressive_gpt2' and values['init_from'] == 'gpt2'
+    assert (values['model'], values['init_from'], values['dataset']) == ('compressive_gpt2', 'gpt2', 'pg19_2000')
     fields = {k: values[k] for k in Config.__dataclass_fields__ if k in values}
     c = Config(**fields)
     assert (c.seg_len, c.cmem_len, c.mem_len, c.compression_rate) == (512, 512, 0, 2)          # §4.2, config.json
@@ -440,3 +440,79 @@ def test_pg19_config_has_the_papers_and_authors_values():
         pytest.skip("this train.py has no --init_from=gpt2 yet (branch gpt2 adds it)")
     cfg, module, model_cfg, _ = train.parse_args([str(ROOT / 'config' / 'compressive_gpt2_pg19.py')])
     assert module.Config is type(model_cfg) and model_cfg.cmem_len == 512 and cfg.init_from == 'gpt2'
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 7. End to end from a GPT-2 checkpoint in the hub format (pretrained.py, --init_from=gpt2:DIR)
+
+
+@pytest.fixture(scope='module')
+def hub_dir(tmp_path_factory):
+    """A tiny random GPT-2 in the hub format, and the transformers model it is."""
+    directory = tmp_path_factory.mktemp('tiny-gpt2')
+    return directory, write_tiny_gpt2(directory)
+
+
+@pytest.fixture(scope='module')
+def bpe_data_dir(tmp_path_factory):
+    """GPT-2 BPE tokens in the prepared layout, meta.json naming the GPT-2 tokenizer."""
+    import json
+
+    import numpy as np
+
+    from _train_util import TEXT, write_dataset
+    from data.tokenizer import gpt2_tokenizer
+    tokenizer = gpt2_tokenizer()
+    tokens = np.array(tokenizer.encode(TEXT * 8), dtype=np.uint16)
+    data = write_dataset(tmp_path_factory.mktemp('data'), tokens[:400], tokens[400:], vocab_size=50257)
+    meta = json.loads((data / 'meta.json').read_text())
+    (data / 'meta.json').write_text(json.dumps({**meta, **tokenizer.describe()}))
+    return data
+
+
+def test_loaded_through_pretrained_py_an_empty_memory_gives_transformers_logits(hub_dir):
+    """--init_from=gpt2:DIR's loader (pretrained.py) fills the GPT-2 part and leaves f_c at init: the first segment of a
+    fresh stream is transformers' GPT-2 within 1e-5; the next, reading the compressed memory, is not."""
+    pretrained = pytest.importorskip('pretrained', reason="pretrained.py (branch gpt2) is not in this tree")
+    import model_compressive_gpt2 as module
+    directory, hf = hub_dir
+    cfg = Config(seg_len=16, dropout=0.0, cmem_len=8)
+    cfg, model, note = pretrained.init_from_gpt2(f'gpt2:{directory}', 'compressive_gpt2', module, cfg,
+                                                 {'seg_len', 'dropout', 'cmem_len'})
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_positions) == (2, 32, 64) and 'compress' in note
+    model.eval()
+    idx = torch.randint(0, 50257, (2, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, _ = run_segments(model, idx, model.init_memory(2, 'cpu'), 16)
+        assert_close(ours[:, :16], hf(idx[:, :16]).logits, atol=1e-5, rtol=0)
+        assert differs(ours[:, 16:], hf(idx[:, 16:]).logits, atol=1e-3)
+
+
+def test_train_from_gpt2_resumes_exactly_then_evaluates_and_samples(hub_dir, bpe_data_dir, tmp_path):
+    """From gpt2:DIR: 6 steps straight == 3 steps and a resume to 6 (weights, optimizer, memory, logs bit-identical,
+    dropout on, the reconstruction loss logged); then --eval_only and sample.py on the run."""
+    pytest.importorskip('pretrained', reason="pretrained.py (branch gpt2) is not in this tree")
+    import numpy as np
+
+    import train
+    from _train_util import assert_identical, flags, load, read_log, run_python
+    directory, _ = hub_dir
+    model = dict(model='compressive_gpt2', seg_len=16, cmem_len=16)
+    run = dict(dropout=0.1, max_iters=6, eval_interval=3, log_interval=1, learning_rate=1e-3, warmup_iters=2)
+    straight, split = tmp_path / 'straight', tmp_path / 'split'
+    train.train(flags(bpe_data_dir, straight, model, init_from=f'gpt2:{directory}', **run))
+    train.train(flags(bpe_data_dir, split, model, init_from=f'gpt2:{directory}', **{**run, 'max_iters': 3}))
+    train.train(flags(bpe_data_dir, split, dict(model='compressive_gpt2'), **{**run, 'init_from': 'resume'}))
+    a, b = load(straight / 'ckpt.pt'), load(split / 'ckpt.pt')
+    assert a['step'] == 6
+    assert_identical({k: v for k, v in a.items() if k != 'train_config'},
+                     {k: v for k, v in b.items() if k != 'train_config'})
+    logged = [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(straight)]
+    assert logged == [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(split)]
+    assert all(r['train/recon_loss'] > 0 for r in logged if 'train/loss' in r)
+    result = train.train(flags(bpe_data_dir, split, dict(model='compressive_gpt2'), eval_only=True))
+    assert result['loss'] > 0 and result['ppl'] == pytest.approx(np.exp(result['loss']))
+    proc = run_python(['sample.py', f'--out_dir={split}', '--start=It was the best', '--max_new_tokens=20',
+                       '--device=cpu', '--temperature=0'])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith('It was the best') and len(proc.stdout) > len('It was the best\n')
