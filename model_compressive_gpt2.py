@@ -5,25 +5,28 @@ arXiv 2109.00301, §4.2 and Table 1), in one file.
 §4.2 fine-tunes GPT-2 small (Radford et al. 2019) with input L = 512 and extends it "with a compressed memory
 (compressive transformer) with a positional bias, based on Press et al. (2021)" of size 512. GPT-2's learned
 positions (wpe) only place the n_positions tokens of one input, so they cannot place memory slots; the memory keys
-get ALiBi's linear distance bias instead (Press, Smith, Lewis 2021, "Train Short, Test Long", arXiv 2108.12409):
-    score(i, j) = q_i·k_j / sqrt(D) - m_h (i - j)    for a memory slot j,   m_h = 2^(-8h/H), h = 1..H (`alibi`)
-    score(i, j) = q_i·k_j / sqrt(D)                  for a token j of the segment (GPT-2's own, positions 0..T-1)
-Distances are counted over the concatenated keys [cm ; m ; segment] one slot each, as the Compressive Transformer's
-relative positions count them (model_compressive.py): query i of the segment sits at S + i, S = n_cm + n_m memory
-slots, so the newest memory slot is i + 1 away and a compressed slot counts one position, not c. Inside the segment
-there is no bias: the tokens keep GPT-2's learned positions 0..T-1 as pretrained. With the memory empty the model is
+get ALiBi's linear distance bias instead (Press, Smith, Lewis 2021, "Train Short, Test Long", arXiv 2108.12409).
+Query i of the segment sits at S + i of the keys [cm ; m ; segment], S = n_cm + n_m memory slots, and scores key j as
+    q_i·k_j / √D - m_h (S + i - j)    when j < S is a memory slot (`alibi`: ALiBi, Press et al. §3)
+    q_i·k_j / √D                      when j is a token of the segment (GPT-2's own attention, positions 0..T-1)
+with ALiBi's head slopes m_h = 2^(-8h/H), h = 1..H (H a power of 2; otherwise their interleaving, alibi_slopes).
+Distances count one per slot, as the Compressive Transformer's relative positions do (model_compressive.py): the
+newest memory slot is i + 1 away, a compressed slot counts one position, not c. Inside the segment there is no bias:
+its tokens keep the learned positions GPT-2 was pretrained with. So with the memory empty the model is
 GPT-2 exactly (tested against transformers' GPT2LMHeadModel); alibi=False leaves the memory slots unbiased.
 
 The memory is the Compressive Transformer's (Rae et al. 2020; model_compressive.py, Algorithm 1): per layer, m the
 last n_m = `mem_len` layer inputs and cm n_cm = `cmem_len` slots made by f_c (`compression`, rate c =
 `compression_rate`) of the states that leave m, trained by the attention-reconstruction loss (Algorithm 2,
-`recon_loss`). The paper names only the compressed memory, "of size 512", the budget of the ∞-former's N = 512
-basis functions; the authors' repository (deep-spin/infinite-former, finetune_gpt2/) ships the ∞-former's GPT-2 code
-but not this baseline's, only its switches: `compressive`, `compression_rate` 2 (infinite_memory_transformer/
-config.json), a trainer that adds the compression loss to the LM loss (weight 1) and trains parameters named
-"compress" at learning_rate_ltm 2.5e-4 against GPT-2's 5e-5. Hence the defaults: mem_len = 0 (no FIFO memory: each
-segment's own layer inputs are compressed when it ends, as the ∞-former's GPT-2 sends each segment to its LTM),
-cmem_len = 512, c = 2, conv, attention reconstruction, compress_lr_mult 5. mem_len > 0 adds Rae et al.'s FIFO.
+`recon_loss`). §4.2 names only the compressed memory, "of size 512", with the computational budget of the
+∞-former's N = 512 basis functions. The authors' repository (deep-spin/infinite-former, finetune_gpt2/) ships the
+∞-former's GPT-2 code but not this baseline's, only its switches: `compressive`, `compression_rate` 2
+(infinite_memory_transformer/config.json), a trainer that adds the compression loss to the LM loss (weight 1) and
+trains parameters named "compress" at learning_rate_ltm 2.5e-4 against GPT-2's 5e-5. Hence the defaults: mem_len = 0
+(no FIFO: each segment's own layer inputs are compressed when it ends, as the authors' ∞-former GPT-2 hands each
+segment to its long-term memory), cmem_len = 512, c = 2, conv, attention reconstruction, compress_lr_mult 5;
+mem_len > 0 adds Rae et al.'s FIFO memory. Left out: most_used (it needs the attention weights, which the fused
+attention does not give). f_c starts at init (N(0, init_std)), the loader filling only GPT-2's part.
 
 Parameter names of the GPT-2 part are those of transformers' GPT2LMHeadModel (nn.Linear where it has Conv1D: the
 loader transposes them); f_c and g live under transformer.h.{i}.compress / .decoder, which the loader leaves alone.
