@@ -297,6 +297,20 @@ def test_recon_loss_trains_only_f_c_and_leaves_lm_gradients_alone(recon_loss, me
     assert trained == 2 * 2 * (2 if recon_loss == 'autoencoding' else 1)      # conv's and g's weight, bias, per layer
 
 
+def test_recon_loss_none_trains_f_c_through_time_only():
+    """recon_loss='none': in training the new compressed slots keep f_c's graph, so the next segment's LM loss (train.py
+    --bptt_segments > 1) reaches f_c; its own segment's loss reaches it only through the weight-0 term; eval detaches."""
+    model = make_model(recon_loss='none').train()
+    idx = tokens(2, 9, seed=12)
+    _, loss, memory, aux = model(idx[:, :4], model.init_memory(2, 'cpu'), targets=idx[:, 1:5])
+    assert 'recon_loss' not in aux and memory.cmem.requires_grad
+    f_c = [p for n, p in model.named_parameters() if is_compression_param(n)]
+    assert not any(g.any() for g in torch.autograd.grad(loss, f_c, retain_graph=True))
+    _, next_loss, _, _ = model(idx[:, 4:8], memory, targets=idx[:, 5:9])
+    assert all(g.abs().sum() > 0 for g in torch.autograd.grad(next_loss, f_c))
+    assert not model.eval()(idx[:, :4], model.init_memory(2, 'cpu'))[2].cmem.requires_grad   # with autograd on
+
+
 def naive_content_attention(block, h, m):
     """Algorithm 2's attn(h, m) from scratch: softmax((ln h W_Q)(ln m W_K)ᵀ/√D)(ln m W_V) per head. -> (H, T, D)"""
     C, H = h.size(-1), block.attn.n_head
