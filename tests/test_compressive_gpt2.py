@@ -31,7 +31,7 @@ CONV1D = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_
 
 
 def make_model(dtype=F64, seed=0, **overrides):
-    """A tiny model in eval mode with dropout off; overrides are Config fields. Four heads: ALiBi slopes 1/4 ... 1/256."""
+    """A tiny model in eval mode, dropout off; overrides are Config fields. Four heads: ALiBi slopes 1/4 ... 1/256."""
     fields = dict(vocab_size=V, n_layer=2, n_head=4, n_embd=16, n_positions=16, seg_len=4, mem_len=0, cmem_len=4,
                   compression_rate=2, dropout=0.0)
     fields.update(overrides)
@@ -158,7 +158,8 @@ def naive_forward(model, idx, memory):
 
 
 @pytest.mark.parametrize('mem_len, cmem_len, cmem_lengths, mem_lengths',
-                         [(0, 4, [4, 2], [0, 0]), (4, 4, [4, 0], [4, 3]), (4, 0, [0, 0], [4, 1]), (0, 4, [0, 0], [0, 0])])
+                         [(0, 4, [4, 2], [0, 0]), (4, 4, [4, 0], [4, 3]), (4, 0, [0, 0], [4, 1]),
+                          (0, 4, [0, 0], [0, 0])])
 @pytest.mark.parametrize('alibi', [True, False])
 def test_attention_with_memory_equals_naive_reference(mem_len, cmem_len, cmem_lengths, mem_lengths, alibi):
     model = make_model(mem_len=mem_len, cmem_len=cmem_len, alibi=alibi)
@@ -299,7 +300,8 @@ def test_recon_loss_trains_only_f_c_and_leaves_lm_gradients_alone(recon_loss, me
 
 def test_recon_loss_none_trains_f_c_through_time_only():
     """recon_loss='none': in training the new compressed slots keep f_c's graph, so the next segment's LM loss (train.py
-    --bptt_segments > 1) reaches f_c; its own segment's loss reaches it only through the weight-0 term; eval detaches."""
+    --bptt_segments > 1) reaches f_c; its own segment's loss reaches it only through the weight-0 term; eval
+    detaches."""
     model = make_model(recon_loss='none').train()
     idx = tokens(2, 9, seed=12)
     _, loss, memory, aux = model(idx[:, :4], model.init_memory(2, 'cpu'), targets=idx[:, 1:5])
@@ -323,7 +325,8 @@ def naive_content_attention(block, h, m):
 
 
 def test_attention_reconstruction_loss_equals_algorithm_2():
-    """Σ_layers mean ‖attn(h, old_mem) − attn(h, f_c(old_mem))‖², h each layer's input, old_mem the segment (no FIFO)."""
+    """Σ_layers mean ‖attn(h, old_mem) − attn(h, f_c(old_mem))‖², h each layer's input, old_mem the segment (no
+    FIFO)."""
     model = make_model(compression='mean_pool', recon_loss='attention').train()
     idx = tokens(2, 5, seed=11)
     hids = []
