@@ -22,6 +22,8 @@ TINY_MODELS = {
     'infformer_gpt2': dict(model='infformer_gpt2', vocab_size=256, n_layer=2, n_head=2, n_embd=16, n_positions=16,
                            seg_len=8, n_basis=16, n_samples=16, basis_widths='0.05,0.1', ltm_reset_len=24,
                            sticky=True, dropout=0.0),
+    'compressive_gpt2': dict(model='compressive_gpt2', vocab_size=256, n_layer=1, n_head=2, n_embd=16, n_positions=8,
+                             seg_len=8, mem_len=0, cmem_len=8, compression_rate=2, dropout=0.0),
 }
 
 # Variants that carry nothing across segments (the GPT-2 baseline): the tests that check that the memory changes the

@@ -33,6 +33,8 @@ VARIANTS = {
     'gpt2': TINY_MODELS['gpt2'],
     'infformer_gpt2': dict(TINY_MODELS['infformer_gpt2'], sticky=False),
     'infformer_gpt2_sticky': TINY_MODELS['infformer_gpt2'],
+    'compressive_gpt2': TINY_MODELS['compressive_gpt2'],
+    'compressive_gpt2_fifo': dict(TINY_MODELS['compressive_gpt2'], mem_len=4, cmem_len=4, compression='mean_pool'),
 }
 
 
