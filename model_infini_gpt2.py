@@ -149,43 +149,53 @@ class InfiniAttention(nn.Module):
     """GPT-2's multi-head causal self-attention (c_attn, c_proj) whose every head also reads the compressive memory
     (Eq. 3), mixed in by its gate β (Eq. 6). Without the memory (compressive_memory=False) it is GPT-2's attention."""
 
+    # Copied from model_gpt2.py (CausalSelfAttention.__init__) with β and compressive_memory added
     def __init__(self, config):
         super().__init__()
-        C, H = config.n_embd, config.n_head
-        self.n_head, self.d_head = H, C // H
-        self.c_attn = nn.Linear(C, 3 * C)                         # W_Q, W_K, W_V (Eq. 1), with GPT-2's biases
-        self.c_proj = nn.Linear(C, C)                             # W_O (§2.1.2)
-        self.beta = nn.Parameter(torch.full((H,), float(config.gate_init)))   # β of Eq. 6, one per head
-        self.attn_dropout = config.dropout                        # on the local attention's probabilities
+        self.n_head, self.d_head = config.n_head, config.n_embd // config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)   # W_Q, W_K, W_V side by side (Eq. 1)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)       # W_O (§2.1.2)
+        self.attn_dropout_p = config.dropout                        # on the attention probabilities
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.beta = nn.Parameter(torch.full((config.n_head,), float(config.gate_init)))   # β of Eq. 6, one per head
         self.compressive_memory = config.compressive_memory
+
+    # Copied from model_gpt2.py (CausalSelfAttention.query_key_value)
+    def query_key_value(self, x):
+        """Queries, keys and values (B, H, T, D) of the layer's normalised input x (B, T, C)."""
+        B, T, C = x.shape
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.d_head)
+        return qkv.permute(2, 0, 3, 1, 4).unbind(0)                 # q, k, v: each (B, H, T, D)
+
+    # Copied from model_gpt2.py (CausalSelfAttention.output)
+    def output(self, y):
+        """The heads' outputs y (B, H, T, D) merged and projected: the attention's contribution (B, T, C)."""
+        B, H, T, D = y.shape
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * D)))
 
     def gate(self):
         return torch.sigmoid(self.beta)                           # (H,)
 
     def forward(self, x, M, z, has_memory, attn_mask, cache=None):
-        """x (B, T, C): the segment's ln_1 output (or its next T tokens', in generate); M, z: M_{s-1} (B, H, D, D) and
-        z_{s-1} (B, H, D); has_memory (B, 1, 1, 1) bool; cache: None, or (k, v) (B, H, S, D) of S earlier key slots;
-        attn_mask: (T, S + T) or (B, 1, T, S + T) bool, the keys each query sees. -> out (B, T, C), (k, v) of the
-        S + T keys"""
-        B, T, C = x.shape
-        H, D = self.n_head, self.d_head
-        q, k, v = self.c_attn(x).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)   # each (B, H, T, D)
+        """x (B, T, C): the layer's normalised input (ln_1's), the segment's or (in generate) its next T tokens';
+        M, z: M_{s-1} (B, H, D, D) and z_{s-1} (B, H, D); has_memory (B, 1, 1, 1) bool; cache: None, or (k, v)
+        (B, H, S, D) of S earlier key slots; attn_mask: (T, S + T) or (B, 1, T, S + T) bool, the keys each query
+        sees. -> out (B, T, C), (k, v) of the S + T keys"""
+        q, k, v = self.query_key_value(x)                         # each (B, H, T, D)
         if cache is not None:
-            k, v = (torch.cat([old, new], dim=2) for old, new in zip(cache, (k, v)))
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)   # (B, H, S+T, D)
 
         # local attention, Eq. 2: GPT-2's causal attention inside the segment
         A = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.attn_dropout if self.training else 0.0)   # (B, H, T, D)
+                                           dropout_p=self.attn_dropout_p if self.training else 0.0)  # (B, H, T, D)
         if self.compressive_memory:
             # memory retrieval, Eq. 3, in the memory's dtype (float32 even under bf16 autocast)
             with torch.autocast(x.device.type, enabled=False):
                 A_mem = memory_retrieve(sigma(q.to(M.dtype)), M, z, has_memory)   # (B, H, T, D)
             # Eq. 6: A = sigmoid(β) A_mem + (1 - sigmoid(β)) A_dot, per head, as one op: A_dot + g (A_mem - A_dot)
-            g = self.gate().view(1, H, 1, 1)
+            g = self.gate().view(1, self.n_head, 1, 1)
             A = torch.lerp(A.to(A_mem.dtype), A_mem, g).to(A.dtype)   # (B, H, T, D)
-        out = self.resid_dropout(self.c_proj(A.transpose(1, 2).reshape(B, T, C)))   # (B, T, C)   O (§2.1.2)
-        return out, (k, v)
+        return self.output(A), (k, v)                             # O = [A^1; ...; A^H] W_O (§2.1.2)
 
     def update_memory(self, M, z, has_memory, k, v, rule):
         """Write the segment's keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5."""
@@ -193,8 +203,9 @@ class InfiniAttention(nn.Module):
             return memory_update(sigma(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
 
 
+# Copied from model_gpt2.py (MLP)
 class MLP(nn.Module):
-    """GPT-2's feed-forward sublayer: c_fc, GELU (tanh approximation), c_proj, dropout."""
+    """GPT-2's feed-forward: C -> 4C, GELU (its tanh approximation, HF's gelu_new), -> C, dropout."""
 
     def __init__(self, config):
         super().__init__()
@@ -207,8 +218,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """GPT-2's pre-LN block: h + attn(ln_1(h)), then + mlp(ln_2(.))."""
+    """GPT-2's pre-LN block with Infini-attention: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
+    # Copied from model_gpt2.py (Block.__init__) with CausalSelfAttention -> InfiniAttention
     def __init__(self, config):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
@@ -216,10 +228,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
-    def forward(self, h, M, z, has_memory, attn_mask, cache=None):
-        attn_out, kv = self.attn(self.ln_1(h), M, z, has_memory, attn_mask, cache)
-        h = h + attn_out
-        return h + self.mlp(self.ln_2(h)), kv
+    def forward(self, x, M, z, has_memory, attn_mask, cache=None):
+        a, kv = self.attn(self.ln_1(x), M, z, has_memory, attn_mask, cache)
+        x = x + a
+        return x + self.mlp(self.ln_2(x)), kv
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -227,32 +239,49 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    gpt2_form = True   # train.py --init_from=gpt2 loads GPT-2's weights into the transformer.* and lm_head names
+    gpt2_form = True   # train.py --init_from=gpt2... loads OpenAI's weights into it; β stays at gate_init
 
+    # Copied from model_gpt2.py (Model.__init__)
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
         C = config.n_embd
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, C),
-            wpe=nn.Embedding(config.n_positions, C),
+            wte=nn.Embedding(config.vocab_size, C),               # token embedding, tied to lm_head
+            wpe=nn.Embedding(config.n_positions, C),              # learned absolute positions
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(C, eps=config.layer_norm_epsilon)))
+            ln_f=nn.LayerNorm(C, eps=config.layer_norm_epsilon),
+        ))
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
-        self.lm_head.weight = self.transformer.wte.weight        # tied, as GPT-2
+        self.lm_head.weight = self.transformer.wte.weight         # tied, as GPT-2's
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():                  # GPT-2's scaled init of the residual projections
-            if name.endswith('c_proj.weight'):
-                nn.init.normal_(p, 0.0, config.init_std / math.sqrt(2 * config.n_layer))
 
+    # Copied from model_gpt2.py (Model._init_weights) with CausalSelfAttention -> InfiniAttention
+    # (β is a Parameter, not a module: it keeps gate_init)
     def _init_weights(self, module):
-        """GPT-2's init (a model not loaded from its weights): N(0, init_std) weights, zero biases, unit LayerNorms.
-        β is a Parameter, not a module: it keeps gate_init."""
+        # As GPT-2's (HF GPT2PreTrainedModel): N(0, init_std) weights and embeddings, zero biases, LayerNorm 1 and 0,
+        # and the projections into the residual stream (c_proj) N(0, init_std / sqrt(2 n_layer)).
+        std = self.config.init_std
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, 0.0, self.config.init_std)
+            nn.init.normal_(module.weight, 0.0, std)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+        if isinstance(module, (InfiniAttention, MLP)):
+            nn.init.normal_(module.c_proj.weight, 0.0, std / math.sqrt(2 * self.config.n_layer))
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    # Copied from model_gpt2.py (Model.embed)
+    def embed(self, idx, pos):
+        """h^0 (B, T, C) of the tokens idx (B, T) at the positions pos (T,): token + position embedding, dropout."""
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    # Copied from model_gpt2.py (Model.logits)
+    def logits(self, h):
+        """The output layer on the last block's output h (..., C): final LayerNorm, tied softmax weights."""
+        return self.lm_head(self.transformer.ln_f(h))              # (..., V)
 
     def lr_multipliers(self):
         """β learns gate_lr_mult times faster: Adam moves a parameter about lr a step, and at a continual
@@ -293,12 +322,6 @@ class Model(nn.Module):
 
     # --- forward ------------------------------------------------------------------------------------------
 
-    def embed(self, idx, start):
-        """GPT-2's input: token embeddings plus the learned positions start .. start+T-1 of the segment (start: an
-        int, or generate()'s OpenSegment.t, a tensor of one element), then dropout. idx (B, T) -> (B, T, C)"""
-        positions = start + torch.arange(idx.size(1), device=idx.device)   # (T,)
-        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(positions))
-
     def forward(self, idx, memory, targets=None):
         """idx: (B, T) tokens, T <= seg_len; memory: Memory. -> logits, loss, new_memory (with its graph), aux."""
         c = self.config
@@ -308,12 +331,12 @@ class Model(nn.Module):
         has_memory = (memory.length > 0).view(B, 1, 1, 1)
         causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()   # (T, T), Eq. 2 inside the segment
 
-        h = self.embed(idx, 0)                                    # (B, T, C), positions 0 .. T-1
+        h = self.embed(idx, torch.arange(T, device=idx.device))  # (B, T, C), positions 0 .. T-1
         kv = []
         for n, block in enumerate(self.transformer.h):
             h, (k, v) = block(h, memory.M[n], memory.z[n], has_memory, causal)   # retrieve (Eq. 3) ...
             kv.append((k, v))
-        logits = self.lm_head(self.transformer.ln_f(h))           # (B, T, V), tied output layer
+        logits = self.logits(h)                                   # (B, T, V)
         new_memory = self.write_memory(memory, has_memory, kv, T)   # ... then update (Eq. 4 / 5)
 
         gates = self.gates()                                      # (L, H)
@@ -371,7 +394,7 @@ class Model(nn.Module):
         key_valid = torch.cat([seg.key_valid[:, S + T:], seg.key_valid.new_ones(tokens.shape)], dim=1)   # (B, K)
         causal = torch.ones(T, K, dtype=torch.bool, device=tokens.device).tril(K - T)   # query i sits at K - T + i
         attn_mask = (causal & key_valid[:, None, :])[:, None]         # (B, 1, T, K)
-        h = self.embed(tokens, seg.t)                                  # positions t .. t+T-1 of the segment
+        h = self.embed(tokens, seg.t + torch.arange(T, device=tokens.device))   # positions t .. t+T-1
         for n, block in enumerate(self.transformer.h):
             cache = tuple(x[:, :, S + T:] for x in seg.kv[n])         # the slots it reads, less the T oldest
             h, kv = block(h, seg.M[n], seg.z[n], seg.has_memory, attn_mask, cache)
@@ -379,7 +402,7 @@ class Model(nn.Module):
                 old[:, :, S:] = new
         seg.key_valid[:, S:] = key_valid
         seg.t.add_(T)
-        return self.lm_head(self.transformer.ln_f(h[:, -1]))         # (B, V) logits of the last position
+        return self.logits(h[:, -1])                                   # (B, V) logits of the last position
 
     def close_segment(self, memory, seg):
         """The memory after the open segment's seg_len tokens, as forward() makes it: their keys and values written
