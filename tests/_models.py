@@ -16,4 +16,6 @@ TINY_MODELS = {
     'infformer': dict(model='infformer', vocab_size=256, n_layer=1, n_head=2, n_embd=16, d_head=8, d_inner=32,
                       seg_len=8, mem_len=8, n_basis=16, n_samples=16, basis_widths='0.05,0.1', sticky=True,
                       dropout=0.0, dropatt=0.0),
+    'infini_gpt2': dict(model='infini_gpt2', vocab_size=256, n_layer=1, n_head=2, n_embd=16, n_positions=8, seg_len=8,
+                        dropout=0.0, memory_update='linear'),
 }

@@ -30,6 +30,8 @@ VARIANTS = {
     'infini_delta': dict(TINY_MODELS['infini'], memory_update='delta'),
     'infformer': dict(TINY_MODELS['infformer'], mem_len=4, sticky=False),
     'infformer_sticky': dict(TINY_MODELS['infformer'], mem_len=4),
+    'infini_gpt2_linear': TINY_MODELS['infini_gpt2'],
+    'infini_gpt2_delta': dict(TINY_MODELS['infini_gpt2'], memory_update='delta'),
 }
 
 
