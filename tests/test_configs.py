@@ -110,3 +110,17 @@ def test_infini_pg19_starts_every_input_of_16_segments_with_a_fresh_memory_as_th
     cfg, _, model_cfg, _ = train.parse_args([str(ROOT / 'config' / 'infini_pg19.py')])
     assert cfg.reset_every == cfg.bptt_segments == 16
     assert model_cfg.seg_len * cfg.bptt_segments == 32768            # the paper's training inputs
+
+
+def test_infini_gpt2_pg19_continues_gpt2_with_inputs_of_two_segments_as_the_paper():
+    """The paper's continual pre-training scaled to GPT-2 small: GPT-2's weights, a segment of its whole context (the
+    paper's N = 2K, scaled), inputs of two segments (its 4K) that start with an empty memory and are trained through
+    it, the paper's batch of 64 inputs on the 8 GPUs the docstring runs, its 30K steps and 1000 warm-up steps."""
+    config = ROOT / 'config' / 'infini_gpt2_pg19.py'
+    cfg, module, model_cfg, _ = train.parse_args([str(config)])
+    assert cfg.init_from == 'gpt2' and module.Model.gpt2_form
+    assert model_cfg.seg_len == model_cfg.n_positions == 1024
+    assert cfg.reset_every == cfg.bptt_segments == 2
+    assert 'torchrun --nproc_per_node=8 train.py config/infini_gpt2_pg19.py' in docstring(config)
+    assert 8 * cfg.batch_size * cfg.gradient_accumulation_steps == 64
+    assert (cfg.max_iters, cfg.warmup_iters) == (30000, 1000)
