@@ -29,6 +29,7 @@ from _model_tests import (F64, V, assert_bf16_forward_backward, assert_greedy_ge
                           train_on_repeated_pattern)
 from _train_util import TEXT, assert_identical, flags, load, read_log, run_python, write_dataset
 from model_infini_gpt2 import Config, Memory, Model, sample_next, sigma
+from test_flops import counted_per_token
 from test_infini import naive_delta_memory, naive_linear_attention
 
 assert_close = functools.partial(_model_tests.assert_close, atol=1e-9, rtol=1e-7)   # float64 references
@@ -366,6 +367,16 @@ def test_forward_rejects_segment_longer_than_seg_len():
     model = make_model()
     with pytest.raises(ValueError):
         model(tokens(1, 5), model.init_memory(1, 'cpu'))
+
+
+@pytest.mark.parametrize('rule, on', [('linear', True), ('delta', True), ('linear', False)])
+def test_flops_per_token_matches_torch_flop_counter(rule, on):
+    """train.py's MFU count against torch's FlopCounterMode over one training step on a written memory
+    (tests/test_flops.py's counter, which the other models' counts pass)."""
+    torch.manual_seed(0)
+    model = Model(Config(vocab_size=64, n_layer=2, n_head=2, n_embd=32, n_positions=16, seg_len=16, dropout=0.0,
+                         memory_update=rule, compressive_memory=on)).train()
+    assert model.flops_per_token() == pytest.approx(counted_per_token(model), rel=1e-6)
 
 
 @pytest.mark.parametrize('rule', ['linear', 'delta'])
