@@ -157,7 +157,8 @@ class InfiniAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd)       # W_O (§2.1.2)
         self.attn_dropout_p = config.dropout                        # on the attention probabilities
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.beta = nn.Parameter(torch.full((config.n_head,), float(config.gate_init)))   # β of Eq. 6, one per head
+        self.beta = nn.Parameter(torch.full((config.n_head,), float(config.gate_init)),   # β of Eq. 6, one per head
+                                 requires_grad=config.compressive_memory)   # unused without the memory (DDP)
         self.compressive_memory = config.compressive_memory
 
     # Copied from model_gpt2.py (CausalSelfAttention.query_key_value)
@@ -370,14 +371,14 @@ class Model(nn.Module):
 
     # --- generation ---------------------------------------------------------------------------------------
 
+    # Copied from model_gpt2.py (Model.open_segment) with the memory the segment reads (M, z, has_memory) added
     def open_segment(self, memory, tokens, seg=None):
         """A segment's first tokens (B, T) on memory, in a new OpenSegment or in seg's buffers (decode() reuses them).
         -> the logits (B, V) of the last token, the OpenSegment"""
         c, B = self.config, tokens.size(0)
-        H, D = c.n_head, c.n_embd // c.n_head
         kind = tokens.device.type                                       # the slots take the projections' dtype
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.lm_head.weight.dtype
-        slots = torch.zeros(B, H, c.seg_len, D, dtype=dtype, device=tokens.device)   # (B, H, K, D), all padding
+        slots = torch.zeros(B, c.n_head, c.seg_len, c.n_embd // c.n_head, dtype=dtype, device=tokens.device)
         seg = refill(seg, OpenSegment(t=torch.zeros(1, dtype=torch.long, device=tokens.device),
                                       key_valid=torch.zeros(B, c.seg_len, dtype=torch.bool, device=tokens.device),
                                       kv=[(slots.clone(), slots.clone()) for _ in self.transformer.h],
@@ -385,6 +386,7 @@ class Model(nn.Module):
                                       has_memory=(memory.length > 0).view(B, 1, 1, 1)))
         return self.step(tokens, seg, tokens.size(1)), seg
 
+    # Copied from model_gpt2.py (Model.step) with the blocks reading the segment's memory (seg.M, seg.z, has_memory)
     def step(self, tokens, seg, filled=None):
         """The next T tokens (B, T) of the open segment seg, which it updates in place. filled: as model_xl.py's (the
         step skips the seg_len - filled padding slots on the left; None: it reads them too, as a graph wants).
