@@ -26,10 +26,12 @@ What differs from model_infini.py (Infini-attention on our Transformer from scra
     carry the same positions 0 .. T-1.
   - GPT-2's blocks: pre-LN, biases on c_attn and c_proj, GELU (tanh), learned positions, a final ln_f, the output
     layer tied to wte; parameter names are Hugging Face GPT2LMHeadModel's, so the loader fills them.
-  - β's initialisation. The paper does not give it (neither for training from scratch nor for continual
-    pre-training). With the memory empty (the first segment of every input) Eq. 6 gives (1 - sigmoid(β)) A_dot:
-    GPT-2 whose every head is scaled down. gate_init = -4 (sigmoid = 0.018) starts the pretrained model within 2% of
-    each head's GPT-2 output; gate_lr_mult lets Adam move β anyway (see Model.lr_multipliers).
+  - β's initialisation. The paper gives none, for training from scratch or for continual pre-training (as far as
+    its text goes; the copy given to this project is a summary without §4). An Eq. 6 gate starts a pretrained model
+    away from itself: with the memory empty (the first segment of every input) it gives (1 - sigmoid(β)) A_dot,
+    GPT-2 with every head scaled down, by half at β = 0 (model_infini.py's init). Ours: gate_init = -4, so
+    sigmoid(β) = 0.018 and each head starts at 98.2% of GPT-2's output (and reads the memory at 1.8%); gate_lr_mult
+    lets Adam move β away from there at a fine-tuning learning rate (see Model.lr_multipliers).
   - A switch: compressive_memory=False leaves the memory out (A = A_dot, nothing read or written): exactly GPT-2.
 
 As model_infini.py: an empty memory (M = 0, z = 0: Eq. 3 is 0/0) retrieves 0, known from a token count; M and z are
