@@ -462,3 +462,17 @@ def test_train_from_gpt2_resumes_exactly_then_evaluates_and_samples(hub_dir, gpt
                        '--device=cpu', '--temperature=0'])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith('It was the best') and len(proc.stdout) > len('It was the best\n')
+
+
+def test_eval_only_from_gpt2_without_the_memory_is_gpt2s_validation_loss(hub_dir, gpt2_data):
+    """train.py --init_from=gpt2:DIR --eval_only=True: with compressive_memory=False the validation loss is
+    model_gpt2.py's (which tests/test_gpt2.py checks against transformers); with the memory it is not."""
+    pytest.importorskip('pretrained')
+    directory, _ = hub_dir
+
+    def loss(**model):
+        return train.train(flags(gpt2_data, 'unused', dict(seg_len=16, **model), init_from=f'gpt2:{directory}',
+                                 eval_only=True))['loss']
+    gpt2 = loss(model='gpt2')
+    assert loss(model='infini_gpt2', compressive_memory=False) == pytest.approx(gpt2, abs=1e-6)
+    assert loss(model='infini_gpt2') != pytest.approx(gpt2, abs=1e-6)
