@@ -394,7 +394,9 @@ def test_loss_goes_down_on_repeated_pattern(rule):
 
 @pytest.fixture(scope='module')
 def hub_dir(tmp_path_factory):
-    """A tiny random GPT-2 with GPT-2's vocabulary in the hub format, and the transformers model it is."""
+    """A tiny random GPT-2 with GPT-2's vocabulary in the hub format, and the transformers model it is; the tests
+    that use it load it through pretrained.py (branch gpt2's loader): skipped where it is missing."""
+    pytest.importorskip('pretrained')
     directory = tmp_path_factory.mktemp('tiny-gpt2')
     return directory, write_tiny_gpt2(directory)
 
@@ -435,7 +437,6 @@ def test_train_from_gpt2_resumes_exactly_then_evaluates_and_samples(hub_dir, gpt
     """As config/infini_gpt2_pg19.py trains (inputs of 2 segments, reset and trained through the memory), from
     gpt2:DIR: 6 steps straight == 3 steps, then a resume to 6 with the directory gone: bit-identical checkpoints
     and logs (dropout on, delta updates). Then --eval_only on the run and sample.py from it."""
-    pytest.importorskip('pretrained')
     directory, _ = hub_dir
     copy = tmp_path / 'gpt2'
     shutil.copytree(directory, copy)
@@ -467,7 +468,6 @@ def test_train_from_gpt2_resumes_exactly_then_evaluates_and_samples(hub_dir, gpt
 def test_eval_only_from_gpt2_without_the_memory_is_gpt2s_validation_loss(hub_dir, gpt2_data):
     """train.py --init_from=gpt2:DIR --eval_only=True: with compressive_memory=False the validation loss is
     model_gpt2.py's (which tests/test_gpt2.py checks against transformers); with the memory it is not."""
-    pytest.importorskip('pretrained')
     directory, _ = hub_dir
 
     def loss(**model):
