@@ -24,6 +24,8 @@ TINY_MODELS = {
                            sticky=True, dropout=0.0),
     'compressive_gpt2': dict(model='compressive_gpt2', vocab_size=256, n_layer=1, n_head=2, n_embd=16, n_positions=8,
                              seg_len=8, mem_len=0, cmem_len=8, compression_rate=2, dropout=0.0),
+    'infini_gpt2': dict(model='infini_gpt2', vocab_size=256, n_layer=1, n_head=2, n_embd=16, n_positions=8, seg_len=8,
+                        dropout=0.0, memory_update='linear'),
 }
 
 # Variants that carry nothing across segments (the GPT-2 baseline): the tests that check that the memory changes the

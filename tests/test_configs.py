@@ -131,3 +131,15 @@ def test_gpt2_pg19_follows_the_authors_finetune_gpt2_command_from_gpt2_small():
     # the architecture is config.json's (--init_from=gpt2): the config names none of it, so nothing contradicts it
     assert not given & {'n_layer', 'n_head', 'n_embd', 'vocab_size', 'n_positions', 'layer_norm_epsilon'}
     assert model_cfg.seg_len <= model_cfg.n_positions
+def test_infini_gpt2_pg19_continues_gpt2_with_inputs_of_two_segments_as_the_paper():
+    """The paper's continual pre-training scaled to GPT-2 small: GPT-2's weights, a segment of its whole context (the
+    paper's N = 2K, scaled), inputs of two segments (its 4K) that start with an empty memory and are trained through
+    it, the paper's batch of 64 inputs on the 8 GPUs the docstring runs, its 30K steps and 1000 warm-up steps."""
+    config = ROOT / 'config' / 'infini_gpt2_pg19.py'
+    cfg, module, model_cfg, _ = train.parse_args([str(config)])
+    assert cfg.init_from == 'gpt2' and module.Model.gpt2_form
+    assert model_cfg.seg_len == model_cfg.n_positions == 1024
+    assert cfg.reset_every == cfg.bptt_segments == 2
+    assert 'torchrun --nproc_per_node=8 train.py config/infini_gpt2_pg19.py' in docstring(config)
+    assert 8 * cfg.batch_size * cfg.gradient_accumulation_steps == 64
+    assert (cfg.max_iters, cfg.warmup_iters) == (30000, 1000)

@@ -35,6 +35,8 @@ VARIANTS = {
     'infformer_gpt2_sticky': TINY_MODELS['infformer_gpt2'],
     'compressive_gpt2': TINY_MODELS['compressive_gpt2'],
     'compressive_gpt2_fifo': dict(TINY_MODELS['compressive_gpt2'], mem_len=4, cmem_len=4, compression='mean_pool'),
+    'infini_gpt2_linear': TINY_MODELS['infini_gpt2'],
+    'infini_gpt2_delta': dict(TINY_MODELS['infini_gpt2'], memory_update='delta'),
 }
 
 
