@@ -131,6 +131,8 @@ def test_gpt2_pg19_follows_the_authors_finetune_gpt2_command_from_gpt2_small():
     # the architecture is config.json's (--init_from=gpt2): the config names none of it, so nothing contradicts it
     assert not given & {'n_layer', 'n_head', 'n_embd', 'vocab_size', 'n_positions', 'layer_norm_epsilon'}
     assert model_cfg.seg_len <= model_cfg.n_positions
+
+
 def test_infini_gpt2_pg19_continues_gpt2_with_inputs_of_two_segments_as_the_paper():
     """The paper's continual pre-training scaled to GPT-2 small: GPT-2's weights, a segment of its whole context (the
     paper's N = 2K, scaled), inputs of two segments (its 4K) that start with an empty memory and are trained through
