@@ -56,8 +56,9 @@ def check_gpt2_form(model_name, module):
     """Only a model whose class says gpt2_form = True has GPT-2's parameters to load into."""
     if getattr(module.Model, 'gpt2_form', False):
         return
-    forms = [n for n in available_models() if n != model_name and getattr(import_model(n).Model, 'gpt2_form', False)]
-    raise UserError(f"model {model_name} has no GPT-2 form; use --model={', '.join(forms) or 'gpt2'}")
+    forms = sorted((n for n in available_models() if getattr(import_model(n).Model, 'gpt2_form', False)),
+                   key=lambda n: (n != 'gpt2', n))                       # GPT-2 alone first, then its memory forms
+    raise UserError(f"model {model_name} has no GPT-2 form; use --model={' or '.join(forms) or 'gpt2'}")
 
 
 # -----------------------------------------------------------------------------------------------------------

@@ -247,7 +247,7 @@ def test_loader_errors_are_one_line(hub_dir, data_dir, tmp_path, capsys):
 
     error('gpt3', 'init_from must be')
     error(f'gpt2:{tmp_path / "nowhere"}', 'has no model.safetensors or config.json')
-    error(f'gpt2:{directory}', 'model xl has no GPT-2 form', 'use --model=gpt2', model='xl')
+    error(f'gpt2:{directory}', 'model xl has no GPT-2 form', 'use --model=gpt2 or ', 'infini_gpt2', model='xl')
     error(f'gpt2:{directory}', '--n_layer=3 contradicts', 'n_layer=2', n_layer=3)
     error(f'gpt2:{directory}', 'seg_len (128) must be <= n_positions (64)', seg_len=128)
     name = 'transformer.h.1.attn.c_attn.weight'
