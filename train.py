@@ -519,12 +519,12 @@ def compile_model(model, mode='default', blocks=False, **options):
 
 
 def cuda_graphs(cfg):
-    """Whether the compiled step replays as CUDA graphs (--compile_mode=reduce-overhead; inductor skips them on a
-    CPU, where what train_step does for them changes nothing). One optimizer step is one generation of graphs: it
-    starts with torch.compiler.cudagraph_mark_step_begin(), its bptt_segments forwards and backwards (and micro-batches)
-    run inside it, and the memory it carries to the next step is copied out of the graphs' buffers, which the next
-    step's replay overwrites."""
-    return bool(cfg.compile) and cfg.compile_mode == 'reduce-overhead'
+    """Whether the compiled step replays as CUDA graphs (--compile_mode=reduce-overhead or max-autotune; inductor
+    skips them on a CPU, where what train_step does for them changes nothing). One optimizer step is one generation of
+    graphs: it starts with torch.compiler.cudagraph_mark_step_begin(), its bptt_segments forwards and backwards (and
+    micro-batches) run inside it, and the memory it carries to the next step is copied out of the graphs' buffers,
+    which the next step's replay overwrites."""
+    return bool(cfg.compile) and cfg.compile_mode in ('reduce-overhead', 'max-autotune')
 
 
 # -----------------------------------------------------------------------------------------------------------
