@@ -36,8 +36,8 @@ MODES = {'eager': (None, 'float32'), 'compile_bf16': ('whole', 'bfloat16'), 'gra
 # >= 0.9x its FLOP ratio; compile_bf16 >= 2x eager fp32; Infini's GPU busy >= 90% of its step.
 MFU_TARGETS = {'baseline': 0.40, 'xl': 0.35}
 # A dry run's size (DRY_RUN=1 bash bench/gpu_size.sh, on a CPU in seconds)
-SIZES = {**common.SIZES, 'tiny': (dict(vocab_size=256, n_layer=2, n_embd=32, n_head=2, d_head=16, d_inner=64, seg_len=16),
-                                  dict(mem_len=16, cmem_len=8, n_basis=16))}
+TINY_SIZE = dict(vocab_size=256, n_layer=2, n_embd=32, n_head=2, d_head=16, d_inner=64, seg_len=16)
+SIZES = {**common.SIZES, 'tiny': (TINY_SIZE, dict(mem_len=16, cmem_len=8, n_basis=16))}
 BUSY_TARGETS = {'infini_linear': 0.9, 'infini_delta': 0.9}
 
 
@@ -112,8 +112,9 @@ def entries_for(name, spec, size, cfg, device, device_type, modes):
 
 
 def profile_busy(entry, steps, device_type):
-    """torch.profiler over `steps` training steps after one untimed: -> (the GPU's busy fraction, the kernels' time
-    over the steps' wall time (None on a CPU), the ops table by device time (CPU time on a CPU))."""
+    """torch.profiler over `steps` training steps after one untimed -> {'busy': the kernels' time over the steps' wall
+    time (None on a CPU), 'kernels_per_step': device events a step (launches; None on a CPU), 'step_s',
+    'table': the ops by device time, then by the host's time (a CPU: the host's only)}"""
     from torch.profiler import ProfilerActivity, profile
     cuda = device_type == 'cuda'
     entry.train_step()
@@ -123,13 +124,16 @@ def profile_busy(entry, steps, device_type):
             for _ in range(steps):
                 entry.train_step()
     events = prof.key_averages()
-    busy = None
+    out = {'busy': None, 'kernels_per_step': None, 'step_s': t.seconds / steps}
     if cuda:                                   # kernels and copies: events that ran on the device, by their own time
-        device_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-        busy = device_us / 1e6 / t.seconds
-    key = 'self_cuda_time_total' if cuda else 'self_cpu_time_total'
-    table = events.table(sort_by=key, row_limit=25, max_name_column_width=60)
-    return busy, t.seconds / steps, table
+        on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        out['busy'] = sum(e.self_device_time_total for e in on_device) / 1e6 / t.seconds
+        out['kernels_per_step'] = sum(e.count for e in on_device) / steps
+    out['table'] = events.table(sort_by='self_cpu_time_total', row_limit=20, max_name_column_width=60)   # the host
+    if cuda:
+        out['table'] = (events.table(sort_by='self_cuda_time_total', row_limit=25, max_name_column_width=60) +
+                        '\n-- the host: by self CPU time\n' + out['table'])
+    return out
 
 
 def stage_fill(cfg, specs, size, device, device_type):
@@ -168,11 +172,9 @@ def stage_time(cfg, specs, size, device, device_type, argv):
         base = json.loads(base_path.read_text()) if base_path.exists() and name != 'baseline' else None
         missed = [k for k, ok in targets(merge_parts([p for p in (base, part) if p])).get(name, {}).items() if not ok]
         want = cfg.profile == 'all' or (cfg.profile == 'missed' and (missed or name in BUSY_TARGETS))
-        if want and 'compile_bf16' in modes:
-            entry = next(e for e in entries if e.mode == 'compile_bf16')
-            busy, step_s, table = profile_busy(entry, cfg.profile_steps, device_type)
-            part['profile'] = {'mode': 'compile_bf16', 'busy': busy, 'step_s': step_s, 'missed': missed,
-                               'table': table}
+        if want:                               # the compiled step, and the same as CUDA graphs where timed
+            part['profile'] = {e.mode: dict(profile_busy(e, cfg.profile_steps, device_type), missed=missed)
+                               for e in entries if e.mode in ('compile_bf16', 'graphs_bf16')}
         common.write_json(results_dir / f'{name}.json', part, 'bench/gpu_size.py', argv)
         del model, entries
         if device_type == 'cuda':
@@ -209,22 +211,23 @@ def targets(result):
             t['compile_bf16_vs_flop_ratio>=0.9'] = c['ratio_over_flop_ratio'] >= 0.9
         if 'ratio_to_eager' in c:
             t['compile_bf16_vs_eager>=2'] = c['ratio_to_eager'] >= 2
-        busy = result.get('profile', {}).get(name, {}).get('busy')
-        if name in BUSY_TARGETS and busy is not None:
-            t[f'busy>={BUSY_TARGETS[name]:.0%}'] = busy >= BUSY_TARGETS[name]
+        for mode, p in result.get('profile', {}).get(name, {}).items():
+            if name in BUSY_TARGETS and p['busy'] is not None:
+                t[f'{mode}_busy>={BUSY_TARGETS[name]:.0%}'] = p['busy'] >= BUSY_TARGETS[name]
     return out
 
 
 def print_table(result):
     modes = list(dict.fromkeys(m for r in result['train'].values() for m in r))
-    print(f"\ntraining tokens/s per mode (x baseline; MFU) | first step s; busy = kernels / step (profiled)")
+    print("\ntraining tokens/s per mode (x baseline; MFU) first step s | busy: kernel time / step time (profiled)")
     for name, r in result['train'].items():
         cells = ' | '.join(f"{m} {r[m]['tokens_per_s']:,.0f} ({r[m].get('ratio_to_baseline', float('nan')):.2f}x; "
                            f"{r[m].get('mfu', float('nan')):.1%}) {r[m].get('first_step_s') or 0:.1f}s"
                            for m in modes if m in r)
-        busy = result['profile'].get(name, {}).get('busy')
+        busy = ''.join(f" | {mode} busy {p['busy']:.0%}, {p['kernels_per_step']:,.0f} kernels a step"
+                       for mode, p in result['profile'].get(name, {}).items() if p['busy'] is not None)
         flop = next((v['flop_ratio'] for v in r.values() if 'flop_ratio' in v), float('nan'))
-        print(f"{name:16s} FLOP ratio {flop:.2f} | {cells}" + (f" | busy {busy:.0%}" if busy is not None else ''))
+        print(f"{name:16s} FLOP ratio {flop:.2f} | {cells}{busy}")
     for name, t in result['targets'].items():
         missed = [k for k, ok in t.items() if not ok]
         print(f"{'MISSED' if missed else 'met   '} {name}: {', '.join(missed) or ', '.join(t) or '(no target)'}")
@@ -243,9 +246,11 @@ def stage_merge(cfg, argv):
         for line in Path(cfg.fill_log).read_text().splitlines():
             if line.startswith('{'):
                 r = json.loads(line)
-                result['parts'].get(r['variant'], {}).setdefault('cold_first_step_s', {})[r['mode']] = r['cold_first_step_s']
-    tables = [f"== {name} ({p['mode']}; busy {p['busy']}; missed: {', '.join(p['missed']) or 'none'})\n{p.pop('table')}"
-              for name, p in result['profile'].items()]
+                cold = result['parts'].get(r['variant'], {}).setdefault('cold_first_step_s', {})
+                cold[r['mode']] = r['cold_first_step_s']
+    tables = [f"== {name} ({mode}; busy {p['busy']}, {p['kernels_per_step']} kernels a step; missed: "
+              f"{', '.join(p['missed']) or 'none'})\n{p.pop('table')}"
+              for name, modes in result['profile'].items() for mode, p in modes.items()]
     if tables:
         profiles = Path(cfg.profiles or Path(cfg.out).with_name(Path(cfg.out).stem + '_profiles.txt'))
         profiles.write_text('\n'.join(tables))

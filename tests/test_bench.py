@@ -629,7 +629,8 @@ def test_gpu_size_dry_run_runs_the_whole_script(tmp_path):
     c = train['infini_linear']['compile_bf16']
     assert c['tokens_per_s'] > 0 and 0 < c['mfu'] and c['ratio_to_baseline'] > 0 and 0.9 < c['flop_ratio'] < 1.1
     assert 'compile_bf16_vs_eager>=2' in result['targets']['infini_linear']
-    assert result['profile']['infini_linear']['busy'] is None                 # no kernels to count on a CPU
+    profile = result['profile']['infini_linear']
+    assert set(profile) == {'compile_bf16', 'graphs_bf16'} and profile['graphs_bf16']['busy'] is None   # a CPU
     assert set(result['parts']['infini_linear']['cold_first_step_s']) == {'compile_bf16', 'graphs_bf16', 'blocks_bf16'}
     assert '== infini_linear' in (out / 'gpu_size_profiles.txt').read_text()
     assert 'MISSED' in proc.stdout or 'met' in proc.stdout
@@ -647,7 +648,8 @@ def test_gpu_size_targets_are_the_issues():
                                  'compile_bf16': {'tokens_per_s': compiled, 'ratio_to_eager': compiled / eager,
                                                   'mfu': mfu}}}}
     parts = [part('baseline', 100.0, 50.0, 120.0, 0.41), part('xl', 125.0, 45.0, 80.0, 0.34),
-             dict(part('infini_linear', 100.0, 40.0, 110.0, 0.2), profile={'busy': 0.5, 'table': ''})]
+             dict(part('infini_linear', 100.0, 40.0, 110.0, 0.2), profile={'compile_bf16': {'busy': 0.5},
+                                                                           'graphs_bf16': {'busy': 0.95}})]
     result = gpu_size.merge_parts(parts)
     t = gpu_size.targets(result)
     assert result['train']['xl']['compile_bf16']['flop_ratio'] == 0.8
@@ -655,7 +657,7 @@ def test_gpu_size_targets_are_the_issues():
     assert not t['xl']['compile_bf16_mfu>=35%'] and not t['xl']['compile_bf16_vs_eager>=2']
     assert t['xl']['compile_bf16_vs_flop_ratio>=0.9'] is False                # 80/120 = 0.67x the baseline, 0.83 of 0.8
     assert t['infini_linear']['compile_bf16_vs_flop_ratio>=0.9'] and t['infini_linear']['compile_bf16_vs_eager>=2']
-    assert t['infini_linear']['busy>=90%'] is False
+    assert t['infini_linear']['compile_bf16_busy>=90%'] is False and t['infini_linear']['graphs_bf16_busy>=90%']
 
 
 def test_gpu_size_script_uses_flags_that_exist():
