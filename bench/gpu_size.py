@@ -136,6 +136,15 @@ def profile_busy(entry, steps, device_type):
     return out
 
 
+def profile_or_why(entry, steps, device_type):
+    """profile_busy, or why it failed (the profiler with CUDA graphs is the new part): a device call has one try, and
+    the timings are already written."""
+    try:
+        return profile_busy(entry, steps, device_type)
+    except Exception as e:                     # noqa: BLE001 (reported in the JSON and the profiles' file)
+        return {'busy': None, 'kernels_per_step': None, 'error': f"{type(e).__name__}: {e}", 'table': str(e)}
+
+
 def stage_fill(cfg, specs, size, device, device_type):
     """Compile each compiled mode of each variant (one step, one mode at a time), so that the timing stage's compiles
     hit the caches; prints the cold first step's seconds as a JSON line (contended: the script runs several at once)."""
@@ -172,10 +181,11 @@ def stage_time(cfg, specs, size, device, device_type, argv):
         base = json.loads(base_path.read_text()) if base_path.exists() and name != 'baseline' else None
         missed = [k for k, ok in targets(merge_parts([p for p in (base, part) if p])).get(name, {}).items() if not ok]
         want = cfg.profile == 'all' or (cfg.profile == 'missed' and (missed or name in BUSY_TARGETS))
+        common.write_json(results_dir / f'{name}.json', part, 'bench/gpu_size.py', argv)   # kept if profiling fails
         if want:                               # the compiled step, and the same as CUDA graphs where timed
-            part['profile'] = {e.mode: dict(profile_busy(e, cfg.profile_steps, device_type), missed=missed)
+            part['profile'] = {e.mode: dict(profile_or_why(e, cfg.profile_steps, device_type), missed=missed)
                                for e in entries if e.mode in ('compile_bf16', 'graphs_bf16')}
-        common.write_json(results_dir / f'{name}.json', part, 'bench/gpu_size.py', argv)
+            common.write_json(results_dir / f'{name}.json', part, 'bench/gpu_size.py', argv)
         del model, entries
         if device_type == 'cuda':
             torch.cuda.empty_cache()
