@@ -68,7 +68,7 @@ say "1. fill the compile caches: $PARALLEL processes at once, ${FILL_S}s at most
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-4}
 pids=()
 for v in ${VARIANTS//,/ }; do
-    while [ "$(jobs -rp | wc -l)" -gt "$PARALLEL" ]; do sleep 1; done     # (jobs counts tee too)
+    while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 1; done
     t=$((FILL_S - (SECONDS - START)))
     [ "$t" -lt 1 ] && break
     timeout "$t" $PY bench/gpu_size.py --stage=fill --variants="$v" --modes="$(modes_for "$v")" \
