@@ -257,7 +257,10 @@ class Model(nn.Module):
         with the gradient stopped (SG). hids: n_layer tensors (B, T, C)."""
         M, T = memory.mem.size(2), hids[0].size(1)
         cat = torch.cat([memory.mem, torch.stack(hids).to(memory.mem.dtype)], dim=2)   # (L, B, M+T, C)
-        return Memory(mem=cat[:, :, T:].detach().contiguous(), length=(memory.length + T).clamp(max=M))
+        # a copy in init_memory's strides, also at mem_len = 0, where .contiguous() would keep the empty view's
+        # strides and torch.compile would compile forward a second time for them
+        mem = cat[:, :, T:].detach().clone(memory_format=torch.contiguous_format)
+        return Memory(mem=mem, length=(memory.length + T).clamp(max=M))
 
     # --- attention geometry, shared by forward and generate ------------------------------------------------
 

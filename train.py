@@ -94,6 +94,10 @@ class TrainConfig:
     device: str = 'auto'               # auto = cuda, then mps, then cpu
     dtype: str = 'auto'                # auto = bfloat16 on CUDA (float16 where bf16 is missing), float32 elsewhere
     compile: typing.Optional[bool] = None  # torch.compile; None = on for CUDA
+    compile_mode: str = 'default'      # reduce-overhead: each compiled graph replayed as a CUDA graph, one launch for
+                                       # hundreds of kernels (a host-bound step); on a CPU the same as default
+    compile_blocks: bool = False       # compile each layer block, not the unrolled model: identical blocks compile
+                                       # once (a shorter first step); the code between blocks runs eager
     seed: int = 1337
 
     def __post_init__(self):
@@ -118,6 +122,13 @@ class TrainConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.eval_split not in ('train', 'validation', 'test'):
             raise ValueError(f"eval_split must be train, validation or test, got {self.eval_split!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile_mode!r}")
+        if self.compile is False and (self.compile_mode != 'default' or self.compile_blocks):
+            raise ValueError("compile_mode and compile_blocks choose how to compile: they need --compile=True")
+
+
+COMPILE_MODES = ('default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
 
 
 def parse_args(argv, train_cls=TrainConfig, allow_model_fields=True):
@@ -157,10 +168,10 @@ def train(argv):
                 print(json.dumps(eval_record(cfg, state.step, result)))
             finish_ddp(run.ddp)
             return result
-        if cfg.compile is None:
-            cfg.compile = run.device_type == 'cuda'
+        if cfg.compile is None:                                  # on for CUDA, or where a flag says how to compile
+            cfg.compile = run.device_type == 'cuda' or cfg.compile_mode != 'default' or cfg.compile_blocks
         if cfg.compile:
-            parts.model = torch.compile(parts.model)
+            parts.model = compile_model(parts.model, cfg.compile_mode, cfg.compile_blocks)
         if run.ddp:
             parts.model = torch.nn.parallel.DistributedDataParallel(
                 parts.model, device_ids=[int(run.device.split(':')[1])] if run.device_type == 'cuda' else None)
@@ -256,6 +267,9 @@ def train_step(run, parts, loaders, state, aux_meter):
     cfg, model, raw_model, device = run.cfg, parts.model, parts.raw_model, run.device
     G = len(loaders)
     loss_sum = 0.0
+    graphs = cuda_graphs(cfg)
+    if graphs:                                                 # a new step: the last step's graph outputs may be
+        torch.compiler.cudagraph_mark_step_begin()             # overwritten (its memory was copied out of them)
     for g in range(G):
         sync = not run.ddp or g == G - 1                           # all-reduce gradients on the last micro-batch only
         with (nullcontext() if sync else model.no_sync()):
@@ -271,7 +285,7 @@ def train_step(run, parts, loaders, state, aux_meter):
                 aux_meter.add(aux)
             total = total / (G * cfg.bptt_segments)
             parts.scaler.scale(total).backward()
-            state.memories[g] = detach_memory(state.memories[g])
+            state.memories[g] = detach_memory(state.memories[g], copy=graphs)
             loss_sum += total.detach()
     if run.ddp:                                                # the mean over ranks: every rank sees a NaN
         torch.distributed.all_reduce(loss_sum)
@@ -292,7 +306,8 @@ def train_step(run, parts, loaders, state, aux_meter):
 
 
 @torch.no_grad()
-def evaluate(model, evalset, run, model_cfg):
+@torch.compiler.set_stance('force_eager')                      # the raw model, uncompiled, even where --compile_blocks
+def evaluate(model, evalset, run, model_cfg):                  # compiled its blocks in place
     """Stream the split (or its first eval_tokens + 1 tokens) through the model with memory carried.
     Returns {'loss', 'ppl', 'tokens'}; 'word_ppl' (total NLL / words) when the whole split was read; and where the
     tokenizer is known, 'bpc' or 'bpb': total NLL in bits / bytes of the text the predicted tokens spell."""
@@ -355,8 +370,11 @@ def memory_from_dict(template, values):
     return dataclasses.replace(template, **{k: v.to(getattr(template, k).device) for k, v in values.items()})
 
 
-def detach_memory(memory):
-    return dataclasses.replace(memory, **{k: v.detach() for k, v in memory_to_dict(memory).items()})
+def detach_memory(memory, copy=False):
+    """The memory without its graph; copy: in new tensors (out of a CUDA graph's buffers, which its next replay
+    overwrites)."""
+    return dataclasses.replace(memory, **{k: v.detach().clone() if copy else v.detach()
+                                          for k, v in memory_to_dict(memory).items()})
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -492,6 +510,34 @@ def last_good(state, cfg):
     if state.saved_step is None:
         return f"No checkpoint was written yet ({path})"
     return f"The last good checkpoint is {path} (step {state.saved_step})"
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Compiling
+
+
+def compile_model(model, mode='default', blocks=False, **options):
+    """torch.compile the whole model (the default), or with blocks=True each of model.layers in place: identical
+    blocks then share one compiled graph, so 16 layers compile as fast as one (the unrolled model traces and lowers
+    every layer), while the code between the blocks (memory keys and values, updates, the output layer) runs eager.
+    options go to torch.compile (tests pass backend=). -> what the training step calls"""
+    kw = dict(options, **({} if mode == 'default' else {'mode': mode}))
+    if not blocks:
+        return torch.compile(model, **kw)
+    if not isinstance(getattr(model, 'layers', None), torch.nn.ModuleList):
+        raise UserError(f"--compile_blocks=True compiles model.layers, which {type(model).__name__} does not have")
+    for block in model.layers:
+        block.compile(**kw)
+    return model
+
+
+def cuda_graphs(cfg):
+    """Whether the compiled step replays as CUDA graphs (--compile_mode=reduce-overhead or max-autotune; inductor
+    skips them on a CPU, where what train_step does for them changes nothing). One optimizer step is one generation of
+    graphs: it starts with torch.compiler.cudagraph_mark_step_begin(), its bptt_segments forwards and backwards (and
+    micro-batches) run inside it, and the memory it carries to the next step is copied out of the graphs' buffers,
+    which the next step's replay overwrites."""
+    return bool(cfg.compile) and cfg.compile_mode in ('reduce-overhead', 'max-autotune')
 
 
 # -----------------------------------------------------------------------------------------------------------

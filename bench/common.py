@@ -32,8 +32,12 @@ CPU_SIZE = dict(vocab_size=50304, n_layer=4, n_embd=256, n_head=4, d_head=64, d_
 # The size of the CPU demos (config/*_demo.py): 4 layers, d 128, 4 heads of 32, d_inner 512, segment 64, memory 64
 # (compressed memory 32 at c = 2, n_basis 150): the step-time ratios quoted in the top-level README.
 DEMO_SIZE = dict(vocab_size=50304, n_layer=4, n_embd=128, n_head=4, d_head=32, d_inner=512, seg_len=64)
+# The size people train (bench/gpu_size.sh, on a GPU): 16 layers, d 1024, 16 heads of 64, d_inner 4096, segment 512,
+# memory 512 (compressed memory 256 at c = 2, n_basis 512), GPT-2 vocabulary.
+GPU_SIZE = dict(vocab_size=50304, n_layer=16, n_embd=1024, n_head=16, d_head=64, d_inner=4096, seg_len=512)
 SIZES = {'matched': (CPU_SIZE, dict(mem_len=128, cmem_len=64, n_basis=128)),
-         'demo': (DEMO_SIZE, dict(mem_len=64, cmem_len=32, n_basis=150))}
+         'demo': (DEMO_SIZE, dict(mem_len=64, cmem_len=32, n_basis=150)),
+         'gpu': (GPU_SIZE, dict(mem_len=512, cmem_len=256, n_basis=512))}
 
 
 def variant_table(mem_len=128, cmem_len=64, n_basis=128):

@@ -606,3 +606,79 @@ def test_generation_targets_without_training_results():
     targets = speed.check_targets({'train': {}, 'generate': generate})
     assert targets == {'xl': {'generate_cache>=5x': True, 'generate_same_tokens': True},
                        'lamemo': {'generate_cache>=5x': True, 'generate_same_tokens': False}}
+
+
+def test_gpu_size_dry_run_runs_the_whole_script(tmp_path):
+    """bench/gpu_size.sh gets one call on a lent GPU: DRY_RUN=1 runs every stage of it on the CPU at a tiny size (fill
+    in parallel, time each variant alone with a profile, merge, the targets): a results JSON with both variants'
+    modes and ratios, the profiles, at most 8 files in $OUT (what a device call brings back), no traceback.
+    bench/attn_kernels.py's stage is left out (ATTN=0): its own test runs its dry run."""
+    import os
+    import subprocess
+    out = tmp_path / 'out'
+    env = dict(os.environ, DRY_RUN='1', OUT=str(out), PY=sys.executable, OMP_NUM_THREADS='1', ATTN='0')
+    proc = subprocess.run(['bash', 'bench/gpu_size.sh'], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and 'Traceback' not in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert {'gpu_size.json', 'gpu_size_profiles.txt', 'log.txt', 'parts.tgz'} <= set(files) and len(files) <= 8, files
+    result = json.loads((out / 'gpu_size.json').read_text())
+    train = result['train']
+    assert set(train) == {'baseline', 'infini_linear'}
+    assert set(train['baseline']) == {'eager', 'compile_bf16'}
+    assert set(train['infini_linear']) == {'eager', 'compile_bf16', 'graphs_bf16', 'blocks_bf16'}
+    c = train['infini_linear']['compile_bf16']
+    assert c['tokens_per_s'] > 0 and 0 < c['mfu'] and c['ratio_to_baseline'] > 0 and 0.9 < c['flop_ratio'] < 1.1
+    assert 'compile_bf16_vs_eager>=2' in result['targets']['infini_linear']
+    profile = result['profile']['infini_linear']
+    assert set(profile) == {'compile_bf16', 'graphs_bf16'} and profile['graphs_bf16']['busy'] is None   # a CPU
+    assert set(result['parts']['infini_linear']['cold_first_step_s']) == {'compile_bf16', 'graphs_bf16', 'blocks_bf16'}
+    assert '== infini_linear' in (out / 'gpu_size_profiles.txt').read_text()
+    assert 'MISSED' in proc.stdout or 'met' in proc.stdout
+
+
+def test_gpu_size_targets_are_the_issues():
+    """The targets at the size people train: MFU of XL >= 35% and the baseline >= 40% (compile + bf16), every memory
+    model >= 0.9x its FLOP ratio next to the baseline, compile + bf16 >= 2x eager fp32, Infini busy >= 90%; the
+    ratios across per-variant processes are recomputed from tokens/s and FLOPs per token."""
+    import gpu_size
+
+    def part(name, flops, eager, compiled, mfu):
+        return {'variant': name, 'flops_per_token': flops,
+                'train': {name: {'eager': {'tokens_per_s': eager, 'ratio_to_eager': 1.0},
+                                 'compile_bf16': {'tokens_per_s': compiled, 'ratio_to_eager': compiled / eager,
+                                                  'mfu': mfu}}}}
+    parts = [part('baseline', 100.0, 50.0, 120.0, 0.41), part('xl', 125.0, 45.0, 80.0, 0.34),
+             dict(part('infini_linear', 100.0, 40.0, 110.0, 0.2), profile={'compile_bf16': {'busy': 0.5},
+                                                                           'graphs_bf16': {'busy': 0.95}})]
+    result = gpu_size.merge_parts(parts)
+    t = gpu_size.targets(result)
+    assert result['train']['xl']['compile_bf16']['flop_ratio'] == 0.8
+    assert t['baseline']['compile_bf16_mfu>=40%'] and t['baseline']['compile_bf16_vs_eager>=2']
+    assert not t['xl']['compile_bf16_mfu>=35%'] and not t['xl']['compile_bf16_vs_eager>=2']
+    assert t['xl']['compile_bf16_vs_flop_ratio>=0.9'] is False                # 80/120 = 0.67x the baseline, 0.83 of 0.8
+    assert t['infini_linear']['compile_bf16_vs_flop_ratio>=0.9'] and t['infini_linear']['compile_bf16_vs_eager>=2']
+    assert t['infini_linear']['compile_bf16_busy>=90%'] is False and t['infini_linear']['graphs_bf16_busy>=90%']
+
+
+def test_gpu_size_script_uses_flags_that_exist():
+    """Every --flag bench/gpu_size.sh gives bench/gpu_size.py is a SizeConfig field; its modes are gpu_size.py's."""
+    import re
+    import gpu_size
+    text = re.sub(r'\\\n', ' ', (common.REPO / 'bench' / 'gpu_size.sh').read_text())
+    fields = {f.name for f in dataclasses.fields(gpu_size.SizeConfig)}
+    calls = re.findall(r'bench/gpu_size\.py((?:\s+(?:--\S+|\$COMMON))+)', text)
+    assert len(calls) == 3, calls                                             # fill, time, merge
+    flags = re.findall(r'--(\w+)=', ' '.join(calls) + re.search(r'COMMON="([^"]+)"', text).group(1))
+    assert len(flags) >= 15
+    for flag in flags:
+        assert flag in fields, f"gpu_size.sh: bench/gpu_size.py has no --{flag}"
+    for mode in re.findall(r'(\w+_bf16)', text):
+        assert mode in gpu_size.MODES, mode
+    attn = common.REPO / 'bench' / 'attn_kernels.py'
+    if attn.exists():                                  # the attention paths' script, where it has landed
+        import attn_kernels
+        fields = {f.name for f in dataclasses.fields(attn_kernels.AttnConfig)}
+        (args,) = re.findall(r'bench/attn_kernels\.py((?:\s+--\S+)+)', text)
+        for flag in re.findall(r'--(\w+)=', args):
+            assert flag in fields, f"gpu_size.sh: bench/attn_kernels.py has no --{flag}"
