@@ -162,12 +162,15 @@ def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
     fit). -> (module, config, model)"""
     module = import_model(ckpt['model_name'])
     known = {f.name for f in dataclasses.fields(module.Config)}
-    unknown = set(ckpt['model_config']) - known
+    saved = dict(ckpt['model_config'])
+    if 'use_sdpa' in saved and 'attn_kernel' in known:        # written before attn_kernel took its place
+        saved['attn_kernel'] = 'sdpa' if saved.pop('use_sdpa') else 'einsum'
+    unknown = set(saved) - known
     if unknown:
         raise UserError(f"{path} has config fields {sorted(unknown)} that model_{ckpt['model_name']}.py "
                         f"does not know (written by another version{moved_to_lab(unknown)})")
     try:
-        config = module.Config(**{**ckpt['model_config'], **(overrides or {})})
+        config = module.Config(**{**saved, **(overrides or {})})
     except ValueError as e:
         raise UserError(f"{path}: {e}")
     model = module.Model(config)

@@ -369,10 +369,14 @@ class Parts:
     scaler: torch.amp.GradScaler
 
 
+RUNTIME_FIELDS = ('attn_kernel',)   # how the attention is computed, not what: a resume may change them
+
+
 def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device):
     """The model to train: a fresh one, or (--init_from=resume, --eval_only) the checkpoint's. On resume the
-    architecture comes from the checkpoint and flags may not contradict it; --eval_only may change model flags
-    that keep the weights (clamp_len, same_length, mem_len, ...). -> (model_cfg, model, checkpoint or None)"""
+    architecture comes from the checkpoint and flags may not contradict it, RUNTIME_FIELDS aside; --eval_only may
+    change model flags that keep the weights (clamp_len, same_length, mem_len, ...). -> (model_cfg, model, checkpoint
+    or None)"""
     if cfg.init_from != 'resume' and not cfg.eval_only:
         return model_cfg, module.Model(model_cfg), None
     path = Path(cfg.out_dir) / 'ckpt.pt'
@@ -383,12 +387,13 @@ def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device):
         raise UserError(f"{path} was trained on {ckpt['tokenizer']['tokenizer']} tokens, but {data_dir} holds "
                         f"{tokenizer.name} tokens")
     saved = ckpt['model_config']
-    clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k)]
+    clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k) and k not in RUNTIME_FIELDS]
     if clash and not cfg.eval_only:
         k = clash[0]
         raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts the checkpoint ({k}={saved[k]}); "
                         f"the architecture is fixed on resume")
-    _, model_cfg, model = model_from_checkpoint(ckpt, path, {k: getattr(model_cfg, k) for k in clash})
+    changed = clash + [k for k in given if k in RUNTIME_FIELDS]
+    _, model_cfg, model = model_from_checkpoint(ckpt, path, {k: getattr(model_cfg, k) for k in changed})
     return model_cfg, model, ckpt
 
 
