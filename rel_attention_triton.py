@@ -44,6 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
+INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit reads it, when this file is imported
+
 
 @triton.jit
 def _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, i0, j0, offs_d, k_base, r_base, mask_base,
@@ -138,6 +140,7 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
         qv = tl.load(QV + q_off, mask=q_ok, other=0.0)
         do = tl.load(DO + q_off, mask=q_ok, other=0.0)
         lse = tl.load(LSE + bh * T + offs_i, mask=offs_i < T, other=0.0)
+        lse = tl.where(lse == float('-inf'), 0.0, lse)               # a query that sees no key: its p is 0 anyway
         delta = tl.load(DELTA + bh * T + offs_i, mask=offs_i < T, other=0.0)
         score, allowed, k, band, offs_c = _tile_scores(
             qu, qv, K_ptr, R_ptr, MASK_ptr, i0, j0, offs_d, k_base, r_base, mask_base,
@@ -168,6 +171,7 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
     qv = tl.load(QV + q_off, mask=q_ok, other=0.0)
     do = tl.load(DO + q_off, mask=q_ok, other=0.0)
     lse = tl.load(LSE + bh * T + offs_i, mask=offs_i < T, other=0.0)
+    lse = tl.where(lse == float('-inf'), 0.0, lse)
     delta = tl.load(DELTA + bh * T + offs_i, mask=offs_i < T, other=0.0)
     k_base, r_base = b * stride_kb + h * stride_kh, h * stride_rh
     mask_base = b * stride_mb + h * stride_mh
@@ -250,7 +254,7 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=64, block_k=64)
     r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where allowed (keys in
     a query's future are masked whatever it says). Everything is cast to v's dtype.
     -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
-    if q_u.device.type != 'cuda' and os.environ.get('TRITON_INTERPRET') != '1':
+    if q_u.device.type != 'cuda' and not INTERPRETED:
         raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "
                          f"not on {q_u.device}")
     B, H, T, D = q_u.shape
@@ -258,9 +262,8 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=64, block_k=64)
     if r_k.shape != (H, K, D) or attn_mask.shape[-2:] != (T, K):
         raise ValueError(f"rel_attention: r_k {tuple(r_k.shape)} and attn_mask {tuple(attn_mask.shape)} do not fit "
                          f"{K} keys, {T} queries, {H} heads of {D}")
-    dtype = v.dtype
-    last_contiguous = lambda x: x.to(dtype) if x.stride(-1) == 1 else x.to(dtype).contiguous()
-    q_u, q_v, k, v, r_k = (last_contiguous(x) for x in (q_u, q_v, k, v, r_k))
+    # one layout for the kernels' shared strides: q_u, q_v, the output and its gradient; k and v; r_k and its gradient
+    q_u, q_v, k, v, r_k = (x.to(v.dtype).contiguous() for x in (q_u, q_v, k, v, r_k))
     mask = attn_mask if attn_mask.stride(-1) == 1 else attn_mask.contiguous()
     mask = mask.expand(B, H, T, K)                                    # stride 0 over the heads: read, not copied
     return RelAttention.apply(q_u, q_v, k, v, r_k, mask, scale, block_q, block_k)
