@@ -257,6 +257,9 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=64, block_k=64)
     if q_u.device.type != 'cuda' and not INTERPRETED:
         raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "
                          f"not on {q_u.device}")
+    if INTERPRETED and v.dtype != torch.float32:
+        raise ValueError(f"Triton's interpreter (the CPU) has no {v.dtype} arithmetic: attn_kernel='triton' on the CPU "
+                         f"runs in float32 only")
     B, H, T, D = q_u.shape
     K = k.size(2)
     if r_k.shape != (H, K, D) or attn_mask.shape[-2:] != (T, K):

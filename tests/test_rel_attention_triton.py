@@ -1,14 +1,14 @@
 """
 rel_attention_triton.py (attn_kernel='triton') against the einsum reference, forward and backward.
 
-Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set here while rel_attention_triton.py
-is imported and while this file's tests run, not for the rest of the session): float32 within ~1e-5 of the reference, kernel by kernel and in every
-model that has the flag. On a CUDA machine those cases skip and the GPU cases run the compiled kernels in bf16. Where
-triton is not installed, only the Config checks run.
+Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets before
+anything imports triton): float32 within ~1e-5 of the reference, kernel by kernel and in every model that has the flag.
+On a CUDA machine those cases skip and the GPU cases run the compiled kernels in bf16. Where triton is not installed,
+only the Config checks run.
 """
 
+import importlib
 import importlib.util
-import os
 
 import pytest
 import torch
@@ -23,33 +23,8 @@ from model_xl import rel_shift
 
 CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec('triton') is not None
+kernel = importlib.import_module('rel_attention_triton') if HAS_TRITON else None   # interpreted without a GPU
 
-
-def import_kernel():
-    """rel_attention_triton, interpreted where there is no GPU (the env var only while triton.jit reads it)."""
-    if not HAS_TRITON:
-        return None
-    saved = os.environ.get('TRITON_INTERPRET')
-    if not CUDA:
-        os.environ['TRITON_INTERPRET'] = '1'
-    try:
-        import rel_attention_triton
-    finally:
-        if saved is None:
-            os.environ.pop('TRITON_INTERPRET', None)
-        else:
-            os.environ['TRITON_INTERPRET'] = saved
-    return rel_attention_triton
-
-
-kernel = import_kernel()
-
-
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch):
-    """The interpreter reads TRITON_INTERPRET while it runs too: set for this file's tests, not the whole session."""
-    if kernel is not None and kernel.INTERPRETED:
-        monkeypatch.setenv('TRITON_INTERPRET', '1')
 NO_TRITON = 'triton is not installed (CUDA builds of torch ship it; requirements-test.txt for the interpreter)'
 interpreted = pytest.mark.skipif(kernel is None or not kernel.INTERPRETED, reason=NO_TRITON if kernel is None else
                                  'interpreter cases: on a CUDA machine the GPU cases run instead')
