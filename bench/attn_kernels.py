@@ -14,7 +14,7 @@ Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal
     triton  rel_attention_triton.py: (b)+(d) inside each tile of one flash-style kernel (attn_kernel='triton'); on the
             CPU interpreted, in float32 only
     flash   the floor: SDPA with no positional term at all (causal_lower_right): what the position term costs
-One JSON line per path: milliseconds (median over --iters after --warmup), the largest difference of its output and
+One JSON line per path (triton: per --triton_tiles entry, named triton_BQ,BK,WARPS): milliseconds (median over --iters after --warmup), the largest difference of its output and
 of its gradients from the einsum path's (flash: no positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
@@ -52,6 +52,7 @@ class AttnConfig:
     iters: int = 20                # timed repetitions: the median is reported
     warmup: int = 5                # untimed repetitions first (compilation happens here)
     compile: bool = True           # torch.compile einsum, sdpa and flex on a CUDA device (the CPU runs them eager)
+    triton_tiles: str = '64,64,4'  # the triton path's block_q,block_k,num_warps (several: 64,64,4;64,128,8)
     quick: bool = False            # QUICK's tiny size and 2 iterations: does every path run?
 
     def __post_init__(self):
@@ -65,6 +66,12 @@ class AttnConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.keys < self.seg_len:
             raise ValueError(f"keys (memory + segment) must be >= seg_len ({self.seg_len}), got {self.keys}")
+        for tiles in self.triton_tiles.split(';'):
+            parts = tiles.split(',')
+            if len(parts) != 3 or not all(p.isdigit() for p in parts) or any(int(p) & (int(p) - 1) for p in parts) \
+                    or min(int(p) for p in parts[:2]) < 16:
+                raise ValueError(f"triton_tiles are block_q,block_k,num_warps (powers of two, blocks >= 16), "
+                                 f"separated by ';', got {self.triton_tiles!r}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
 
@@ -110,9 +117,9 @@ def flash_path(q, u, v_bias, k, v, r_k, mask, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.size(2), k.size(2)), scale=scale)
 
 
-def triton_path(rel_attention):
+def triton_path(rel_attention, block_q, block_k, num_warps):
     def path(q, u, v_bias, k, v, r_k, mask, scale):
-        return rel_attention(q + u, q + v_bias, k, v, r_k, mask, scale)[0]
+        return rel_attention(q + u, q + v_bias, k, v, r_k, mask, scale, block_q, block_k, num_warps)[0]
     return path
 
 
@@ -132,12 +139,15 @@ def build_paths(cfg, device_type, T, K):
         paths['flex'] = f"FlexAttention unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     try:
         from rel_attention_triton import rel_attention
-        paths['triton'] = triton_path(rel_attention)
+        for tiles in cfg.triton_tiles.split(';'):
+            paths[f'triton_{tiles}'] = triton_path(rel_attention, *(int(t) for t in tiles.split(',')))
     except ImportError as e:
         paths['triton'] = f"triton unavailable: {e}"
     if device_type != 'cuda' and cfg.dtype != 'float32':
+        paths = {n: p for n, p in paths.items() if not n.startswith('triton')}
         paths['triton'] = "Triton's interpreter (the CPU) has no bf16 arithmetic: --dtype=float32"
-    return {name: paths[name] for name in PATHS if name in cfg.paths.split(',')}   # einsum first: the reference
+    wanted = [n for n in PATHS if n in cfg.paths.split(',')]                # einsum first: the reference
+    return {n: p for w in wanted for n, p in paths.items() if n.split('_')[0] == w}
 
 
 # -----------------------------------------------------------------------------------------------------------
