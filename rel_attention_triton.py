@@ -5,7 +5,7 @@ scores are never written to memory, and neither is the positional term. The mode
 runs in model_xl.py, model_lamemo.py (the segment's attention), model_compressive.py and model_infformer.py (the STM).
 
 The score of query i and key j (§3.3), with u = r_w_bias, v = r_r_bias and d = 1/sqrt(d_head):
-    A^rel_{i,j} = (q_i + u)·k_j  (a)+(c)  +  (q_i + v)·W_{k,R} R_{i-j}  (b)+(d),      out_i = Σ_j softmax_j(d A^rel_i) v_j
+    A^rel_{i,j} = (q_i + u)·k_j  (a)+(c)  +  (q_i + v)·W_{k,R} R_{i-j}  (b)+(d),    out_i = Σ_j softmax_j(d A^rel_i) v_j
 Query i of the T sits at position K - T + i of the K = M + T keys; the distance to key j is K - T + i - j. The einsum
 path scores (q_i + v) against every distance, (T, K), and rel-shifts it into place (model_xl.py's rel_shift); SDPA then
 reads that as a (B, H, T, K) float bias, and its backward writes one.

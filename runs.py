@@ -187,6 +187,15 @@ def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
     return module, config, model
 
 
+def triton_off_cuda(config, device_type):
+    """Why the model's attn_kernel='triton' cannot run on this device, or None: its kernels need CUDA (on the CPU
+    Triton's interpreter runs them, with TRITON_INTERPRET=1, in float32 and slowly: the tests' way)."""
+    if getattr(config, 'attn_kernel', None) == 'triton' and device_type != 'cuda' \
+            and os.environ.get('TRITON_INTERPRET') != '1':
+        return f"attn_kernel='triton' runs on CUDA, not on {device_type} (there only with TRITON_INTERPRET=1, float32)"
+    return None
+
+
 def moved_to_lab(fields):
     """'; ... --model=NAME ...' where a lab/ model's Config now holds these fields (a probe that left a paper's
     model file), else ''."""

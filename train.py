@@ -47,7 +47,8 @@ from data.loader import (EvalSet, StreamLoader, data_tokenizer, eval_set, eval_s
                          load_meta, load_split, vocab_from_data)
 from runs import (CKPT_FORMAT, MODEL_KEYS, RESUME_KEYS, JsonLog, OutDir, Run, StopSignals,  # noqa: F401
                   all_reduce_sum, autocast_context, finish_ddp, gather_stacked, load_checkpoint, max_over_ranks,
-                  model_from_checkpoint, on_rank0, resolve_device, resolve_dtype, save_checkpoint, setup_run)
+                  model_from_checkpoint, on_rank0, resolve_device, resolve_dtype, save_checkpoint, setup_run,
+                  triton_off_cuda)
 
 
 @dataclass
@@ -137,6 +138,8 @@ def train(argv):
         tokenizer = data_tokenizer(meta)
         model_cfg = vocab_from_data(model_cfg, given, tokenizer)
         model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, tokenizer, data_dir, run.device)
+        if triton_off_cuda(model_cfg, run.device_type):
+            raise UserError(f"{triton_off_cuda(model_cfg, run.device_type)}: use --attn_kernel=sdpa or einsum")
         loaders, evalset = load_data(run, model_cfg, data_dir, meta, tokenizer)
         raw_model = model.to(run.device)
         parts = Parts(raw_model, raw_model, configure_optimizer(raw_model, cfg, run.device_type),

@@ -14,8 +14,9 @@ Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal
     triton  rel_attention_triton.py: (b)+(d) inside each tile of one flash-style kernel (attn_kernel='triton'); on the
             CPU interpreted, in float32 only
     flash   the floor: SDPA with no positional term at all (causal_lower_right): what the position term costs
-One JSON line per path (triton: per --triton_tiles entry, named triton_BQ,BK,WARPS): milliseconds (median over --iters after --warmup), the largest difference of its output and
-of its gradients from the einsum path's (flash: no positions, so not compared), or why it was skipped.
+One JSON line per path (triton: one per --triton_tiles entry, named triton_BQ,BK,WARPS): milliseconds (median over
+--iters after --warmup), and the largest difference of its output and its gradients from the einsum path's (flash: no
+positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
 """

@@ -234,6 +234,14 @@ def test_resume_may_change_the_attention_kernel(trained, data_dir, tmp_path):
     assert load(out_dir / 'ckpt.pt')['model_config']['attn_kernel'] == 'einsum'
 
 
+def test_triton_kernel_off_cuda_is_a_one_line_error(data_dir, tmp_path, monkeypatch, capsys):
+    """attn_kernel='triton' on the CPU without Triton's interpreter (or without triton at all): one line."""
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    code, _, err = run_main(flags(data_dir, tmp_path / 'out', attn_kernel='triton'), capsys)
+    assert code == 2
+    assert_one_line_error(err, "attn_kernel='triton'")
+
+
 def test_resume_with_contradicting_architecture(trained, data_dir, tmp_path, capsys):
     out_dir = copy_run(trained, tmp_path)
     code, _, err = run_main(flags(data_dir, out_dir, init_from='resume', max_iters=STEPS + 1, batch_size=4, n_layer=2),
