@@ -35,7 +35,8 @@ Two backward kernels: one per key tile (∂k, ∂v in registers), one per query 
 
 Inputs bf16 (or float32); products accumulate in float32, the log-sum-exp is float32. Attention dropout (dropatt) is
 not implemented: the models refuse attn_kernel='triton' with dropatt > 0. On the CPU the kernels run under Triton's
-interpreter (TRITON_INTERPRET=1 before triton is imported), which is how the tests check them without a GPU.
+interpreter (TRITON_INTERPRET=1 before triton is imported), which is how the tests check them without a GPU; there
+torch.compile leaves them out of its graph. On CUDA it traces them (user-written Triton kernels): not yet run.
 """
 
 import os
@@ -249,4 +250,9 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=64, block_k=64,
     q_u, q_v, k, v, r_k = (x.to(v.dtype).contiguous() for x in (q_u, q_v, k, v, r_k))
     mask = attn_mask.expand(B, 1, T, K)
     mask = mask if mask.stride(-1) == 1 else mask.contiguous()
-    return RelAttention.apply(q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps)
+    return _apply(q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps)
+
+
+# torch.compile traces user-written Triton kernels on CUDA; the interpreter's Python it cannot, so there the kernels
+# run outside the graph (a graph break around each call)
+_apply = torch.compiler.disable(RelAttention.apply) if INTERPRETED else RelAttention.apply

@@ -219,6 +219,22 @@ def test_generate_with_triton_kernel_matches_forward(name):
     assert_greedy_generate_matches_forward(model, tokens(2, 3), 7, memory, memory, 4, rng_seed=0, logits_atol=1e-5)
 
 
+@interpreted
+def test_compiled_model_with_triton_kernel_equals_einsum_path():
+    """torch.compile around attn_kernel='triton' (interpreted: the kernels run outside the graph): the same loss and
+    gradients as the eager einsum path."""
+    einsum, triton = twins(model_xl, dict(mem_len=6))
+    idx = tokens(2, 4, seed=4)
+    results = []
+    for model, call in ((einsum, einsum), (triton, torch.compile(triton))):
+        _, loss, _, _ = call(idx, model.init_memory(2, 'cpu'), targets=idx.roll(-1, 1))
+        results.append((loss, torch.autograd.grad(loss, [model.r_r_bias, model.layers[0].attn.kv_net.weight])))
+    (loss, grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, loss, atol=1e-5, rtol=1e-5)
+    for a, b in zip(compiled_grads, grads):
+        torch.testing.assert_close(a, b, atol=1e-4 * b.abs().max().item(), rtol=1e-4)
+
+
 # -----------------------------------------------------------------------------------------------------------
 # 3. Config: bad combinations are one-line errors (no triton needed)
 
