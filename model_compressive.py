@@ -24,6 +24,7 @@ Letters: B rows, T segment tokens (n_s), S = n_cm + n_m memory keys, K = S + T k
 makes, c = compression_rate, H heads, D = d_head, C = n_embd, L layers.
 """
 
+import importlib.util
 import math
 from dataclasses import dataclass, is_dataclass, replace
 from functools import partial
@@ -55,7 +56,8 @@ class Config:
     pre_lnorm: bool = False   # False: post-LN as in the paper; True: pre-LN (+ final LayerNorm)
     untie_r: bool = True      # True: u, v (r_w_bias, r_r_bias) per layer; False: one pair shared by all layers
     init_std: float = 0.02    # normal init of weights, as the Transformer-XL code
-    use_sdpa: bool = True     # F.scaled_dot_product_attention (not with most_used, which needs the weights)
+    attn_kernel: str = 'sdpa'  # as model_xl.py's: sdpa, einsum or triton; a step that needs the attention weights
+                               # (most_used) runs the einsum
     # the Compressive Transformer's own
     cmem_len: int = 150       # n_cm, compressed memory slots per layer; 0 = Transformer-XL
     compression_rate: int = 3  # c: old memories per compressed slot (the paper: 3 on enwik8, 2 on PG-19)
@@ -73,6 +75,7 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.n_embd % 2:
             raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+        check_attn_kernel(self, ('sdpa', 'einsum', 'triton'))
         for name, choices in (('compression', COMPRESSIONS), ('recon_loss', RECON_LOSSES)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -83,6 +86,18 @@ class Config:
         if self.cmem_len > 0 and (self.seg_len % self.compression_rate or self.mem_len % self.compression_rate):
             raise ValueError(f"seg_len ({self.seg_len}) and mem_len ({self.mem_len}) must be multiples of "
                              f"compression_rate ({self.compression_rate}): each segment evicts whole groups of c")
+
+
+# Copied from model_xl.py (check_attn_kernel)
+def check_attn_kernel(config, kernels):
+    """The Config check of attn_kernel against the kernels this model's attention can run on."""
+    if config.attn_kernel not in kernels:
+        raise ValueError(f"attn_kernel must be one of {', '.join(kernels)}, got {config.attn_kernel!r}")
+    if config.attn_kernel == 'triton' and config.dropatt > 0:
+        raise ValueError(f"attn_kernel='triton' has no attention dropout: set dropatt=0 (got {config.dropatt}) "
+                         f"or another attn_kernel")
+    if config.attn_kernel == 'triton' and importlib.util.find_spec('triton') is None:
+        raise ValueError("attn_kernel='triton' needs the triton package (CUDA builds of torch ship it)")
 
 
 @dataclass
@@ -335,7 +350,10 @@ class RelMultiHeadAttn(nn.Module):
         self.dropatt_p = config.dropatt
         self.scale = 1.0 / math.sqrt(D)
         self.pre_lnorm = config.pre_lnorm
-        self.use_sdpa = config.use_sdpa
+        self.attn_kernel = config.attn_kernel
+        if config.attn_kernel == 'triton':   # the one import beyond torch, and only here: triton ships with CUDA torch
+            from rel_attention_triton import rel_attention
+            self.rel_attention = rel_attention
 
     # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
@@ -373,18 +391,13 @@ class RelMultiHeadAttn(nn.Module):
         v = torch.cat([mem_kv[1], v_new], dim=2)                  # (B, H, K, D)
         r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)      W_{k,R} R
 
-        # terms (b) + (d): (q_i + v) · W_{k,R} R_{i-j}, computed for every distance then rel-shifted into place
-        BD = torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k)   # (B, H, T, K), column c = distance K-1-c
-        BD = rel_shift(BD)                                                # (B, H, T, K), column j = key j
         q_u = q + r_w_bias[:, None]                                       # terms (a) + (c): (q_i + u) · k_j
+        q_v = q + r_r_bias[:, None]                                       # terms (b) + (d): (q_i + v) · W_{k,R} R
 
         usage = None
-        if self.use_sdpa and not need_usage:
-            # SDPA computes softmax(q_u k^T * scale + bias); the positional terms ride in the additive bias.
-            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
-            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
-                                                      dropout_p=self.dropatt_p if self.training else 0.0)
-        else:
+        if self.attn_kernel == 'einsum' or need_usage:                    # the reference: §3.3 written out
+            BD = torch.einsum('bhid,hjd->bhij', q_v, r_k)                 # (B, H, T, K), column c = distance K-1-c
+            BD = rel_shift(BD)                                            # (B, H, T, K), column j = key j
             AC = torch.einsum('bhid,bhjd->bhij', q_u, k)                  # (B, H, T, K)
             score = (AC + BD) * self.scale                                # A^rel / sqrt(d)
             score = score.masked_fill(~attn_mask, float('-inf'))
@@ -393,6 +406,15 @@ class RelMultiHeadAttn(nn.Module):
                 usage = prob.detach().mean(1).sum(1)                      # (B, K) mass per key, mean over heads
             prob = self.dropatt(prob.to(v.dtype))
             attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
+        elif self.attn_kernel == 'sdpa':
+            # SDPA computes softmax(q_u k^T * scale + bias); the positional terms ride in the additive bias.
+            BD = rel_shift(torch.einsum('bhid,hjd->bhij', q_v, r_k))     # (B, H, T, K), as above
+            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
+            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
+                                                      dropout_p=self.dropatt_p if self.training else 0.0)
+        else:                                                             # 'triton': the same, in one kernel
+            # each tile of scores takes (b) + (d) from a band of r_k: no (T, K) scores or bias in memory
+            attn_vec, _ = self.rel_attention(q_u, q_v, k, v, r_k, attn_mask, self.scale)   # (B, H, T, D)
 
         attn_out = self.drop(self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)

@@ -25,6 +25,7 @@ Letters: B batch, T tokens of this call, C n_embd (the paper's e), H heads, D d_
 n_samples, S slots of Memory.mem, K keys of the STM attention; the paper's B is `ltm_B`, its D bins `sticky_bins`.
 """
 
+import importlib.util
 import math
 from dataclasses import dataclass, is_dataclass
 from typing import NamedTuple
@@ -53,7 +54,7 @@ class Config:
     pre_lnorm: bool = False   # False: post-LN as Transformer-XL; True: pre-LN (+ final LayerNorm)
     untie_r: bool = True      # True: u, v (r_w_bias, r_r_bias) per layer; False: one pair shared
     init_std: float = 0.02    # normal init of weights, as the authors' code
-    use_sdpa: bool = True     # F.scaled_dot_product_attention for the STM; False: written out
+    attn_kernel: str = 'sdpa'  # the STM's attention, as model_xl.py's: sdpa, einsum (written out) or triton
     ltm: bool = True                 # False: no LTM term (the STM-only comparison; keeps the weights)
     n_basis: int = 150               # N Gaussian RBFs: centres evenly over [0, 1] crossed with the widths
     basis_widths: str = '0.005,0.01'  # σ_j of the RBFs: {0.005, 0.01} for LM, {0.01, 0.05} for sorting
@@ -80,6 +81,7 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.n_embd % 2:
             raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+        check_attn_kernel(self, ('sdpa', 'einsum', 'triton'))
         try:
             self.widths = tuple(float(w) for w in self.basis_widths.split(','))
         except ValueError:
@@ -94,6 +96,18 @@ class Config:
         for name in ('ridge_lambda', 'sigma_0', 'sigma_sq_min'):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+# Copied from model_xl.py (check_attn_kernel)
+def check_attn_kernel(config, kernels):
+    """The Config check of attn_kernel against the kernels this model's attention can run on."""
+    if config.attn_kernel not in kernels:
+        raise ValueError(f"attn_kernel must be one of {', '.join(kernels)}, got {config.attn_kernel!r}")
+    if config.attn_kernel == 'triton' and config.dropatt > 0:
+        raise ValueError(f"attn_kernel='triton' has no attention dropout: set dropatt=0 (got {config.dropatt}) "
+                         f"or another attn_kernel")
+    if config.attn_kernel == 'triton' and importlib.util.find_spec('triton') is None:
+        raise ValueError("attn_kernel='triton' needs the triton package (CUDA builds of torch ship it)")
 
 
 @dataclass
@@ -464,7 +478,10 @@ class RelMultiHeadAttnLTM(nn.Module):
         self.dropatt_p = config.dropatt
         self.scale = 1.0 / math.sqrt(D)
         self.pre_lnorm = config.pre_lnorm
-        self.use_sdpa = config.use_sdpa
+        self.attn_kernel = config.attn_kernel
+        if config.attn_kernel == 'triton':   # the one import beyond torch, and only here: triton ships with CUDA torch
+            from rel_attention_triton import rel_attention
+            self.rel_attention = rel_attention
         self.ltm = long_term_attention(config)
 
     # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
@@ -492,17 +509,20 @@ class RelMultiHeadAttnLTM(nn.Module):
         k = torch.cat([mem_kv[0], k_new], dim=2)                  # (B, H, K, D)
         v = torch.cat([mem_kv[1], v_new], dim=2)
         r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)
-        BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))   # (B, H, T, K)
-        q_u = q + r_w_bias[:, None]
-        if self.use_sdpa:
-            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
-            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
-                                                      dropout_p=self.dropatt_p if self.training else 0.0)
-        else:
+        q_u, q_v = q + r_w_bias[:, None], q + r_r_bias[:, None]         # (q_i + u), (q_i + v)
+        if self.attn_kernel == 'einsum':
+            BD = rel_shift(torch.einsum('bhid,hjd->bhij', q_v, r_k))     # (B, H, T, K)
             score = (torch.einsum('bhid,bhjd->bhij', q_u, k) + BD) * self.scale
             score = score.masked_fill(~attn_mask, float('-inf'))
             prob = self.dropatt(F.softmax(score.float(), dim=-1).to(v.dtype))
             attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
+        elif self.attn_kernel == 'sdpa':
+            BD = rel_shift(torch.einsum('bhid,hjd->bhij', q_v, r_k))     # (B, H, T, K)
+            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
+            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
+                                                      dropout_p=self.dropatt_p if self.training else 0.0)
+        else:                                                             # 'triton'
+            attn_vec, _ = self.rel_attention(q_u, q_v, k, v, r_k, attn_mask, self.scale)   # (B, H, T, D)
         attn_out = self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D))   # Z_T (B, T, C)
 
         density = None

@@ -25,11 +25,13 @@ directions; ε = 1e-6 added after subtracting the max; α keeps its gradient thr
   - The window is the previous segment's length T_prev (stored), not the current one's: equal for equal segments.
   - untie_r applies to v₊ as to u and v (the code shares all three).
   - Invalid slots of a fresh stream are masked and refresh nothing.
-  - The softmax is always the manual one: LaMemo stores log-sum-exps, which SDPA does not return.
+  - The softmax is the manual one, or the segment's runs on rel_attention_triton.py (attn_kernel): LaMemo stores
+    log-sum-exps, which SDPA does not return. The look-ahead (its own geometry, future distances) is always manual.
 
 Letters: B rows, T segment tokens, M memory slots, W look-ahead window, K = M + T keys, H heads, D = d_head, C = n_embd.
 """
 
+import importlib.util
 import math
 from dataclasses import dataclass, is_dataclass
 from functools import partial
@@ -59,6 +61,8 @@ class Config:
     pre_lnorm: bool = False   # False: post-LN as in the paper; True: pre-LN (+ final LayerNorm)
     untie_r: bool = True      # True: u, v, v₊ per layer; False: one set shared by all layers
     init_std: float = 0.02    # normal init of weights, as the paper's code
+    attn_kernel: str = 'einsum'  # the segment's attention: einsum (written out) or triton (rel_attention_triton.py);
+                                 # not sdpa, which returns no log s. The look-ahead is always the einsum
 
     def __post_init__(self):
         lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'), 1)
@@ -70,8 +74,21 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.n_embd % 2:
             raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+        check_attn_kernel(self, ('einsum', 'triton'))
         if self.n_layer < 2:
             raise ValueError("LaMemo needs n_layer >= 2: a layer's refreshed memory is the next layer's input")
+
+
+# Copied from model_xl.py (check_attn_kernel)
+def check_attn_kernel(config, kernels):
+    """The Config check of attn_kernel against the kernels this model's attention can run on."""
+    if config.attn_kernel not in kernels:
+        raise ValueError(f"attn_kernel must be one of {', '.join(kernels)}, got {config.attn_kernel!r}")
+    if config.attn_kernel == 'triton' and config.dropatt > 0:
+        raise ValueError(f"attn_kernel='triton' has no attention dropout: set dropatt=0 (got {config.dropatt}) "
+                         f"or another attn_kernel")
+    if config.attn_kernel == 'triton' and importlib.util.find_spec('triton') is None:
+        raise ValueError("attn_kernel='triton' needs the triton package (CUDA builds of torch ship it)")
 
 
 @dataclass
@@ -177,6 +194,10 @@ class LookAheadAttn(nn.Module):
         self.dropatt = nn.Dropout(config.dropatt)
         self.scale = 1.0 / math.sqrt(D)
         self.pre_lnorm = config.pre_lnorm
+        self.attn_kernel = config.attn_kernel
+        if config.attn_kernel == 'triton':   # the one import beyond torch, and only here: triton ships with CUDA torch
+            from rel_attention_triton import rel_attention
+            self.rel_attention = rel_attention
 
     # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
@@ -210,6 +231,10 @@ class LookAheadAttn(nn.Module):
         q = self.queries(h)                                       # (B, H, T, D)
         k, v = (torch.cat([mem, new], dim=2) for mem, new in zip(mem_kv, self.keys_values(h)))   # (B, H, K, D) each
         r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)  W_{k,R} R
+        if self.attn_kernel == 'triton':                          # one kernel, which returns log s too
+            vec, lse = self.rel_attention(q + r_w_bias[:, None], q + r_r_bias[:, None], k, v, r_k, attn_mask,
+                                          self.scale)
+            return vec, lse, (k, v)
         AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, T, K)
         BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))     # (B, H, T, K)
         vec, lse = self.softmax_with_lse((AC + BD) * self.scale, attn_mask, v)

@@ -25,6 +25,7 @@ Reading order: relative attention (R, rel-shift, attention, block), the model (m
 the generic blocks every model file copies. LaMemo (look-ahead memory) is model_lamemo.py.
 """
 
+import importlib.util
 import math
 from dataclasses import dataclass, is_dataclass
 
@@ -51,7 +52,8 @@ class Config:
     pre_lnorm: bool = False   # False: post-LN as in the paper; True: pre-LN (+ final LayerNorm)
     untie_r: bool = True      # True: u, v (r_w_bias, r_r_bias) per layer; False: one pair shared by all layers
     init_std: float = 0.02    # normal init of weights, as the paper's code
-    use_sdpa: bool = True     # F.scaled_dot_product_attention with the positional term as a bias; False: manual
+    attn_kernel: str = 'sdpa'  # 'sdpa': F.scaled_dot_product_attention, (b)+(d) as its bias; 'einsum': written out,
+                               # the reference; 'triton': (b)+(d) inside flash-style tiles (rel_attention_triton.py)
 
     def __post_init__(self):
         lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'd_head', 'd_inner', 'seg_len'), 1)
@@ -63,6 +65,19 @@ class Config:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.n_embd % 2:
             raise ValueError(f"n_embd must be even (sinusoid positions), got {self.n_embd}")
+        check_attn_kernel(self, ('sdpa', 'einsum', 'triton'))
+
+
+# Copied from model_xl.py (check_attn_kernel)
+def check_attn_kernel(config, kernels):
+    """The Config check of attn_kernel against the kernels this model's attention can run on."""
+    if config.attn_kernel not in kernels:
+        raise ValueError(f"attn_kernel must be one of {', '.join(kernels)}, got {config.attn_kernel!r}")
+    if config.attn_kernel == 'triton' and config.dropatt > 0:
+        raise ValueError(f"attn_kernel='triton' has no attention dropout: set dropatt=0 (got {config.dropatt}) "
+                         f"or another attn_kernel")
+    if config.attn_kernel == 'triton' and importlib.util.find_spec('triton') is None:
+        raise ValueError("attn_kernel='triton' needs the triton package (CUDA builds of torch ship it)")
 
 
 @dataclass
@@ -136,7 +151,10 @@ class RelMultiHeadAttn(nn.Module):
         self.dropatt_p = config.dropatt
         self.scale = 1.0 / math.sqrt(D)
         self.pre_lnorm = config.pre_lnorm
-        self.use_sdpa = config.use_sdpa
+        self.attn_kernel = config.attn_kernel
+        if config.attn_kernel == 'triton':   # the one import beyond torch, and only here: triton ships with CUDA torch
+            from rel_attention_triton import rel_attention
+            self.rel_attention = rel_attention
 
     # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
@@ -166,22 +184,26 @@ class RelMultiHeadAttn(nn.Module):
         v = torch.cat([mem_kv[1], v_new], dim=2)                  # (B, H, K, D)
         r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)      W_{k,R} R
 
-        # terms (b) + (d): (q_i + v) · W_{k,R} R_{i-j}, computed for every distance then rel-shifted into place
-        BD = torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k)   # (B, H, T, K), column c = distance K-1-c
-        BD = rel_shift(BD)                                                # (B, H, T, K), column j = key j
         q_u = q + r_w_bias[:, None]                                       # terms (a) + (c): (q_i + u) · k_j
+        q_v = q + r_r_bias[:, None]                                       # terms (b) + (d): (q_i + v) · W_{k,R} R
 
-        if self.use_sdpa:
-            # SDPA computes softmax(q_u k^T * scale + bias); the positional terms ride in the additive bias.
-            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
-            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
-                                                      dropout_p=self.dropatt_p if self.training else 0.0)
-        else:
+        if self.attn_kernel == 'einsum':                                  # the reference: §3.3 written out
+            BD = torch.einsum('bhid,hjd->bhij', q_v, r_k)                 # (B, H, T, K), column c = distance K-1-c
+            BD = rel_shift(BD)                                            # (B, H, T, K), column j = key j
             AC = torch.einsum('bhid,bhjd->bhij', q_u, k)                  # (B, H, T, K)
             score = (AC + BD) * self.scale                                # A^rel / sqrt(d)
             score = score.masked_fill(~attn_mask, float('-inf'))
             prob = self.dropatt(F.softmax(score.float(), dim=-1).to(v.dtype))
             attn_vec = torch.einsum('bhij,bhjd->bhid', prob, v)           # (B, H, T, D)
+        elif self.attn_kernel == 'sdpa':
+            # SDPA computes softmax(q_u k^T * scale + bias); the positional terms ride in the additive bias.
+            BD = rel_shift(torch.einsum('bhid,hjd->bhij', q_v, r_k))     # (B, H, T, K), as above
+            bias = (BD * self.scale).masked_fill(~attn_mask, float('-inf')).to(k.dtype)
+            attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
+                                                      dropout_p=self.dropatt_p if self.training else 0.0)
+        else:                                                             # 'triton': the same, in one kernel
+            # each tile of scores takes (b) + (d) from a band of r_k: no (T, K) scores or bias in memory
+            attn_vec, _ = self.rel_attention(q_u, q_v, k, v, r_k, attn_mask, self.scale)   # (B, H, T, D)
 
         attn_out = self.drop(self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)

@@ -162,12 +162,15 @@ def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
     fit). -> (module, config, model)"""
     module = import_model(ckpt['model_name'])
     known = {f.name for f in dataclasses.fields(module.Config)}
-    unknown = set(ckpt['model_config']) - known
+    saved = dict(ckpt['model_config'])
+    if 'use_sdpa' in saved and 'attn_kernel' in known:        # written before attn_kernel took its place
+        saved['attn_kernel'] = 'sdpa' if saved.pop('use_sdpa') else 'einsum'
+    unknown = set(saved) - known
     if unknown:
         raise UserError(f"{path} has config fields {sorted(unknown)} that model_{ckpt['model_name']}.py "
                         f"does not know (written by another version{moved_to_lab(unknown)})")
     try:
-        config = module.Config(**{**ckpt['model_config'], **(overrides or {})})
+        config = module.Config(**{**saved, **(overrides or {})})
     except ValueError as e:
         raise UserError(f"{path}: {e}")
     model = module.Model(config)
@@ -182,6 +185,15 @@ def model_from_checkpoint(ckpt, path='checkpoint', overrides=None):
         raise UserError(f"{path}: the weights do not fit this model_{ckpt['model_name']}.py config: {problem}")
     model.load_state_dict(ckpt['model'])
     return module, config, model
+
+
+def triton_off_cuda(config, device_type):
+    """Why the model's attn_kernel='triton' cannot run on this device, or None: its kernels need CUDA (on the CPU
+    Triton's interpreter runs them, with TRITON_INTERPRET=1, in float32 and slowly: the tests' way)."""
+    if getattr(config, 'attn_kernel', None) == 'triton' and device_type != 'cuda' \
+            and os.environ.get('TRITON_INTERPRET') != '1':
+        return f"attn_kernel='triton' runs on CUDA, not on {device_type} (there only with TRITON_INTERPRET=1, float32)"
+    return None
 
 
 def moved_to_lab(fields):

@@ -146,7 +146,9 @@ def sample(argv):
     else:
         path = Path(cfg.out_dir) / cfg.ckpt
         ckpt = load_checkpoint(path, 'cpu')
-        _, model_cfg, model = model_from_checkpoint(ckpt, path)
+        # attn_kernel is no weight: off CUDA, where Triton's kernels do not run, the same attention written out
+        off_cuda = ckpt['model_config'].get('attn_kernel') == 'triton' and device_type != 'cuda'
+        _, model_cfg, model = model_from_checkpoint(ckpt, path, {'attn_kernel': 'einsum'} if off_cuda else None)
     model.eval().to(device)
     try:
         tokenizer = from_meta(ckpt.get('tokenizer'))         # GPT-2 for checkpoints that name none

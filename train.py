@@ -49,7 +49,8 @@ from data.loader import (EvalSet, StreamLoader, data_tokenizer, eval_set, eval_s
                          load_meta, load_split, vocab_from_data)
 from runs import (CKPT_FORMAT, MODEL_KEYS, RESUME_KEYS, JsonLog, OutDir, Run, StopSignals,  # noqa: F401
                   all_reduce_sum, autocast_context, finish_ddp, gather_stacked, load_checkpoint, max_over_ranks,
-                  model_from_checkpoint, on_rank0, resolve_device, resolve_dtype, save_checkpoint, setup_run)
+                  model_from_checkpoint, on_rank0, resolve_device, resolve_dtype, save_checkpoint, setup_run,
+                  triton_off_cuda)
 
 
 @dataclass
@@ -152,6 +153,8 @@ def train(argv):
         model_cfg = vocab_from_data(model_cfg, given, tokenizer)
         model_cfg, model, ckpt = build_model(cfg, module, model_cfg, given, tokenizer, data_dir, run.device,
                                              run.master)
+        if triton_off_cuda(model_cfg, run.device_type):
+            raise UserError(f"{triton_off_cuda(model_cfg, run.device_type)}: use --attn_kernel=sdpa or einsum")
         loaders, evalset = load_data(run, model_cfg, data_dir, meta, tokenizer)
         raw_model = model.to(run.device)
         parts = Parts(raw_model, raw_model, configure_optimizer(raw_model, cfg, run.device_type),
@@ -391,11 +394,14 @@ class Parts:
     scaler: torch.amp.GradScaler
 
 
+RUNTIME_FIELDS = ('attn_kernel',)   # how the attention is computed, not what: a resume may change them
+
+
 def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device, master=True):
     """The model to train: a fresh one, GPT-2's weights (--init_from=gpt2..., also with --eval_only), or
     (--init_from=resume, --eval_only) the checkpoint's. On resume the architecture comes from the checkpoint and flags
-    may not contradict it; --eval_only may change model flags that keep the weights (clamp_len, same_length, mem_len,
-    ...). -> (model_cfg, model, checkpoint or None)"""
+    may not contradict it, RUNTIME_FIELDS aside; --eval_only may change model flags that keep the weights (clamp_len,
+    same_length, mem_len, ...). -> (model_cfg, model, checkpoint or None)"""
     if pretrained.is_gpt2(cfg.init_from):
         if tokenizer is not None and tokenizer.name != 'gpt2':
             raise UserError(f"--init_from={cfg.init_from} reads GPT-2 BPE tokens, but {data_dir} holds "
@@ -414,12 +420,13 @@ def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device, mast
         raise UserError(f"{path} was trained on {ckpt['tokenizer']['tokenizer']} tokens, but {data_dir} holds "
                         f"{tokenizer.name} tokens")
     saved = ckpt['model_config']
-    clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k)]
+    clash = [k for k in given if k in saved and saved[k] != getattr(model_cfg, k) and k not in RUNTIME_FIELDS]
     if clash and not cfg.eval_only:
         k = clash[0]
         raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts the checkpoint ({k}={saved[k]}); "
                         f"the architecture is fixed on resume")
-    _, model_cfg, model = model_from_checkpoint(ckpt, path, {k: getattr(model_cfg, k) for k in clash})
+    changed = clash + [k for k in given if k in RUNTIME_FIELDS]
+    _, model_cfg, model = model_from_checkpoint(ckpt, path, {k: getattr(model_cfg, k) for k in changed})
     return model_cfg, model, ckpt
 
 

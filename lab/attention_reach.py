@@ -6,7 +6,7 @@ a memory the heads do not attend to is not used; a memory they attend to without
     python lab/attention_reach.py --runs='xl:RUN,RUN;xl_mem512:RUN,RUN' --distances=128,256,640
 
 --runs as in bench/longdoc.py (LABEL:RUN,RUN,...; a RUN is an out_dir or a checkpoint; a label's runs are seeds,
-averaged). Each checkpoint (model xl) is read in eval mode with the explicit softmax (use_sdpa=False) and
+averaged). Each checkpoint (model xl) is read in eval mode with the explicit softmax (attn_kernel='einsum') and
 --eval_mem_len (-1 = its own mem_len): --rows streams of the --split's tokens, from evenly spaced offsets, each fed
 seg_len tokens at a time with the memory carried; after --warmup segments (-1 = until the memory is full), the
 next --segments segments are measured. A forward hook on each layer's attention dropout (the identity in eval
@@ -98,7 +98,7 @@ def read_run(path, cfg, edges):
     ckpt = train.load_checkpoint(path)
     if ckpt['model_name'] != 'xl':
         raise train.UserError(f"{path} holds a {ckpt['model_name']!r} model; attention_reach reads model xl only")
-    overrides = {'use_sdpa': False, 'dropatt': 0.0, 'dropout': 0.0}
+    overrides = {'attn_kernel': 'einsum', 'dropatt': 0.0, 'dropout': 0.0}
     if cfg.eval_mem_len != -1:
         overrides['mem_len'] = cfg.eval_mem_len
     _, config, model = train.model_from_checkpoint(ckpt, path, overrides)

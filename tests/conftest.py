@@ -1,9 +1,17 @@
-"""Shared test setup: make the repository root importable (model files live there, tests/ has no package), and the
-GPT-2 tokenizer as a fixture."""
+"""Shared test setup: make the repository root importable (model files live there, tests/ has no package), Triton's
+interpreter where there is no GPU, and the GPT-2 tokenizer as a fixture."""
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+# Where triton is installed and there is no GPU, its kernels (rel_attention_triton.py) run on CPU tensors under its
+# interpreter. triton.language decides at its first import, which any test may trigger (torch.compile does), so
+# it is set here, before them all. Inductor's CPU code is C++ and does not read it.
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

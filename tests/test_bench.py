@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'bench'))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import attn_kernels  # noqa: E402
 import common  # noqa: E402
 import plot  # noqa: E402
 import recall  # noqa: E402
@@ -682,3 +683,29 @@ def test_gpu_size_script_uses_flags_that_exist():
         (args,) = re.findall(r'bench/attn_kernels\.py((?:\s+--\S+)+)', text)
         for flag in re.findall(r'--(\w+)=', args):
             assert flag in fields, f"gpu_size.sh: bench/attn_kernels.py has no --{flag}"
+
+
+# -----------------------------------------------------------------------------------------------------------
+# attn_kernels: one layer's relative attention on every path
+
+
+def test_attn_kernels_dry_run_prints_one_json_line_per_path(capsys):
+    """--quick on the CPU in float32: einsum, sdpa and flash are timed and sdpa equals the einsum path; triton, where
+    it is installed, runs interpreted and equals it too; flex (no backward on the CPU) says why it is skipped."""
+    import importlib.util
+    has_triton = importlib.util.find_spec('triton') is not None
+    attn_kernels.main(['--device=cpu', '--dtype=float32', '--quick=True'])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    by_path = {line['path'].split('_')[0]: line for line in lines}   # triton_64,64,4: the default tiles
+    assert list(by_path) == list(attn_kernels.PATHS) and len(lines) == len(attn_kernels.PATHS)
+    assert all(line['T'] == attn_kernels.QUICK['seg_len'] and line['dtype'] == 'float32' for line in lines)
+    timed = ['einsum', 'sdpa', 'flash'] + (['triton'] if has_triton else [])
+    for name in timed:
+        assert by_path[name]['fwd_ms'] > 0 and by_path[name]['fwd_bwd_ms'] > 0, by_path[name]
+    for name in timed[1:]:
+        if name != 'flash':                                       # no positional term: nothing to compare
+            assert by_path[name]['max_abs_diff_out'] < 1e-5 and by_path[name]['max_abs_diff_grads'] < 1e-4, name
+    assert 'skipped' in by_path['flex'] and ('skipped' in by_path['triton']) != has_triton
+    with pytest.raises(SystemExit):
+        attn_kernels.main(['--paths=einsum,cudnn'])
+    assert 'unknown path' in capsys.readouterr().err

@@ -340,7 +340,7 @@ def test_most_used_keeps_the_most_attended_states():
 # 4. with cmem_len = 0 the model is model_xl.py
 
 
-@pytest.mark.parametrize('overrides', [dict(), dict(use_sdpa=False), dict(pre_lnorm=True, same_length=True),
+@pytest.mark.parametrize('overrides', [dict(), dict(attn_kernel='einsum'), dict(pre_lnorm=True, same_length=True),
                                        dict(clamp_len=3, untie_r=False)])
 def test_cmem_len_0_equals_transformer_xl(overrides):
     fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
@@ -407,10 +407,10 @@ def naive_attention(attn, h, memory_h, n_valid, u, v, window, same_length):
     return out
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
 @pytest.mark.parametrize('same_length', [False, True])
-def test_attention_over_compressed_memory_equals_naive_loop(use_sdpa, same_length):
-    model = make_model(n_layer=1, use_sdpa=use_sdpa, same_length=same_length, seg_len=4, mem_len=4, cmem_len=3,
+def test_attention_over_compressed_memory_equals_naive_loop(attn_kernel, same_length):
+    model = make_model(n_layer=1, attn_kernel=attn_kernel, same_length=same_length, seg_len=4, mem_len=4, cmem_len=3,
                        compression_rate=2)
     memory = random_memory(model, 3, cmem_lengths=[3, 1, 0], mem_lengths=[4, 4, 2])
     h = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(7), dtype=F64)
@@ -425,7 +425,7 @@ def test_attention_over_compressed_memory_equals_naive_loop(use_sdpa, same_lengt
     memory_h = torch.cat([memory.cmem[0], memory.mem[0]], dim=1)             # concat(cm, m), contiguous valid
     expected = naive_attention(model.layers[0].attn, h, memory_h, memory.cmem_length + memory.mem_length,
                                model.r_w_bias[0], model.r_r_bias[0], window=3 + 4, same_length=same_length)
-    assert_close(layer_out, expected, atol=1e-6 if not use_sdpa else 1e-10, rtol=0)
+    assert_close(layer_out, expected, atol=1e-6 if attn_kernel == 'einsum' else 1e-10, rtol=0)
 
 
 # -----------------------------------------------------------------------------------------------------------

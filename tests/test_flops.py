@@ -28,7 +28,7 @@ SIZE = dict(vocab_size=64, n_layer=2, n_head=2, n_embd=32, d_head=16, d_inner=64
 CASES = {   # name: (model file, Config fields)
     'xl_no_memory': ('xl', dict(mem_len=0)),
     'xl': ('xl', dict(mem_len=32)),
-    'xl_manual_attention': ('xl', dict(mem_len=32, use_sdpa=False)),
+    'xl_manual_attention': ('xl', dict(mem_len=32, attn_kernel='einsum')),
     'lamemo': ('lamemo', dict(n_layer=3, mem_len=32)),
     'compressive': ('compressive', dict(mem_len=16, cmem_len=16, compression_rate=2)),
     'compressive_no_recon': ('compressive', dict(mem_len=16, cmem_len=16, compression_rate=2, recon_loss='none')),

@@ -30,8 +30,10 @@ def make_model(dtype=F64, seed=0, **overrides):
 
 
 def xl_twin(model):
-    """Plain Transformer-XL (model_xl.py) with the same weights (everything but v+)."""
-    xl = model_xl.Model(model_xl.Config(**model.config.__dict__)).to(model.r_w_bias.dtype).eval()
+    """Plain Transformer-XL (model_xl.py) with the same weights (everything but v+), on SDPA: its einsum path takes
+    the softmax in float32, LaMemo's in float64 under model.double()."""
+    config = model_xl.Config(**{**model.config.__dict__, 'attn_kernel': 'sdpa'})
+    xl = model_xl.Model(config).to(model.r_w_bias.dtype).eval()
     state = {k: v for k, v in model.state_dict().items() if k != 'r_r_bias_future'}
     xl.load_state_dict(state)
     return xl

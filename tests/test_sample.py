@@ -92,6 +92,28 @@ def test_cuda_graph_is_asked_for_on_cuda_unless_turned_off(ckpt_dir, monkeypatch
     assert seen == [asked]
 
 
+def test_a_checkpoint_saved_with_the_triton_kernel_samples_off_cuda(ckpt_dir, model, enc, tmp_path, monkeypatch,
+                                                                      capsys):
+    """attn_kernel='triton' runs on CUDA only; off it sample.py runs the same attention written out (einsum), also
+    where triton is not installed: the same greedy tokens as the checkpoint's own kernel."""
+    ckpt = train.load_checkpoint(ckpt_dir / 'ckpt.pt')
+    ckpt['model_config']['attn_kernel'] = 'triton'
+    (tmp_path / 'out').mkdir()
+    torch.save(ckpt, tmp_path / 'out' / 'ckpt.pt')
+    import model_xl
+    kernels, generate = [], model_xl.Model.generate
+
+    def recording(self, *args, **kwargs):
+        kernels.append(self.config.attn_kernel)
+        return generate(self, *args, **kwargs)
+    monkeypatch.setattr(model_xl.Model, 'generate', recording)
+    prompt = 'It was the age of'
+    sample.main([f'--out_dir={tmp_path / "out"}', f'--start={prompt}', '--max_new_tokens=6', '--temperature=0',
+                 '--dtype=float32', '--device=cpu'])
+    assert kernels == ['einsum']
+    assert capsys.readouterr().out.startswith(prompt + decode(enc, greedy(model, enc.encode(prompt), 6)))
+
+
 @pytest.mark.parametrize('mem_len', [-1, 40])
 def test_file_prompt_goes_through_memory(ckpt_dir, model, enc, tmp_path, mem_len):
     """A FILE: prompt of ~8 segments is read segment by segment into the memory: greedy output equals generate()

@@ -213,6 +213,35 @@ def test_model_from_checkpoint_refuses_unknown_config_fields(trained):
         train.model_from_checkpoint(ckpt, 'forged.pt')
 
 
+def test_checkpoint_with_use_sdpa_loads_with_the_attn_kernel_it_meant(trained):
+    """Checkpoints written before attn_kernel replaced use_sdpa: True reads as 'sdpa', False as 'einsum'."""
+    ckpt = load(trained / 'ckpt.pt')
+    for use_sdpa, kernel in ((True, 'sdpa'), (False, 'einsum')):
+        config = {k: v for k, v in ckpt['model_config'].items() if k != 'attn_kernel'}
+        ckpt['model_config'] = dict(config, use_sdpa=use_sdpa)
+        _, loaded, model = train.model_from_checkpoint(ckpt, 'old.pt')
+        assert loaded.attn_kernel == kernel and model.layers[0].attn.attn_kernel == kernel
+        assert_identical(model.state_dict(), ckpt['model'])
+
+
+def test_resume_may_change_the_attention_kernel(trained, data_dir, tmp_path):
+    """attn_kernel says how the attention is computed, not what: a resume may change it (train.RUNTIME_FIELDS)."""
+    out_dir = copy_run(trained, tmp_path)
+    assert load(out_dir / 'ckpt.pt')['model_config']['attn_kernel'] == 'sdpa'
+    result = train.train(flags(data_dir, out_dir, init_from='resume', max_iters=STEPS + 1, batch_size=4,
+                               attn_kernel='einsum'))
+    assert result['step'] == STEPS + 1
+    assert load(out_dir / 'ckpt.pt')['model_config']['attn_kernel'] == 'einsum'
+
+
+def test_triton_kernel_off_cuda_is_a_one_line_error(data_dir, tmp_path, monkeypatch, capsys):
+    """attn_kernel='triton' on the CPU without Triton's interpreter (or without triton at all): one line."""
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    code, _, err = run_main(flags(data_dir, tmp_path / 'out', attn_kernel='triton'), capsys)
+    assert code == 2
+    assert_one_line_error(err, "attn_kernel='triton'")
+
+
 def test_resume_with_contradicting_architecture(trained, data_dir, tmp_path, capsys):
     out_dir = copy_run(trained, tmp_path)
     code, _, err = run_main(flags(data_dir, out_dir, init_from='resume', max_iters=STEPS + 1, batch_size=4, n_layer=2),

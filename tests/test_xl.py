@@ -105,12 +105,12 @@ def naive_rel_attn(attn, h, mem_h, length, u, v, clamp_len, same_length, pre_lno
     return out
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
 @pytest.mark.parametrize('pre_lnorm', [False, True])
 @pytest.mark.parametrize('same_length', [False, True])
 @pytest.mark.parametrize('clamp_len', [0, 3])
-def test_attention_equals_naive_reference(use_sdpa, pre_lnorm, same_length, clamp_len):
-    model = make_model(use_sdpa=use_sdpa, pre_lnorm=pre_lnorm, same_length=same_length, clamp_len=clamp_len,
+def test_attention_equals_naive_reference(attn_kernel, pre_lnorm, same_length, clamp_len):
+    model = make_model(attn_kernel=attn_kernel, pre_lnorm=pre_lnorm, same_length=same_length, clamp_len=clamp_len,
                        seg_len=4, mem_len=6, untie_r=True)
     with torch.no_grad():                              # make u and v matter as much as q
         model.r_w_bias.normal_(0.0, 1.0)
@@ -137,12 +137,12 @@ def test_attention_equals_naive_reference(use_sdpa, pre_lnorm, same_length, clam
 # 3. segments with memory == one full forward
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
 @pytest.mark.parametrize('pre_lnorm', [False, True])
 @pytest.mark.parametrize('mem_len', [12, 15])
-def test_segments_with_memory_equal_full_forward(use_sdpa, pre_lnorm, mem_len):
+def test_segments_with_memory_equal_full_forward(attn_kernel, pre_lnorm, mem_len):
     L = 12
-    model = make_model(use_sdpa=use_sdpa, pre_lnorm=pre_lnorm, seg_len=L, mem_len=mem_len, clamp_len=0)
+    model = make_model(attn_kernel=attn_kernel, pre_lnorm=pre_lnorm, seg_len=L, mem_len=mem_len, clamp_len=0)
     idx = tokens(2, L)
     with torch.no_grad():
         full, _, _, _ = model(idx, empty_memory(model, 2))
@@ -151,10 +151,10 @@ def test_segments_with_memory_equal_full_forward(use_sdpa, pre_lnorm, mem_len):
             assert_close(segmented, full)
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
-def test_without_memory_segments_differ_from_full_forward(use_sdpa):
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
+def test_without_memory_segments_differ_from_full_forward(attn_kernel):
     L, seg = 12, 4
-    model = make_model(use_sdpa=use_sdpa, seg_len=L, mem_len=0)
+    model = make_model(attn_kernel=attn_kernel, seg_len=L, mem_len=0)
     idx = tokens(2, L)
     with torch.no_grad():
         full, _, _, _ = model(idx, empty_memory(model, 2))
@@ -164,13 +164,13 @@ def test_without_memory_segments_differ_from_full_forward(use_sdpa):
         assert differs(segmented[:, start:start + seg], full[:, start:start + seg])
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
-def test_same_length_segments_equal_full_sliding_window(use_sdpa):
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
+def test_same_length_segments_equal_full_sliding_window(attn_kernel):
     """same_length with mem_len M makes every position see exactly the last M positions at every layer, so
     segments with a memory of M (< the history) reproduce the full forward; without same_length they do not."""
     L, M = 12, 5
     for same_length in (True, False):
-        model = make_model(use_sdpa=use_sdpa, seg_len=L, mem_len=M, same_length=same_length)
+        model = make_model(attn_kernel=attn_kernel, seg_len=L, mem_len=M, same_length=same_length)
         idx = tokens(2, L)
         with torch.no_grad():
             full, _, _, _ = model(idx, empty_memory(model, 2))
@@ -185,11 +185,11 @@ def test_same_length_segments_equal_full_sliding_window(use_sdpa):
 # 4. causality
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
 @pytest.mark.parametrize('same_length', [False, True])
-def test_causality_within_and_across_segments(use_sdpa, same_length):
+def test_causality_within_and_across_segments(attn_kernel, same_length):
     seg, L = 4, 12
-    model = make_model(use_sdpa=use_sdpa, same_length=same_length, seg_len=seg, mem_len=8)
+    model = make_model(attn_kernel=attn_kernel, same_length=same_length, seg_len=seg, mem_len=8)
     idx = tokens(2, L)
     with torch.no_grad():
         base, _ = run_segments(model, idx, empty_memory(model, 2), seg)
@@ -221,9 +221,9 @@ def test_different_memory_gives_different_logits():
         assert differs(logits_a[b], logits_empty[b])
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
-def test_reset_memory_row_equals_fresh_stream(use_sdpa):
-    model = make_model(use_sdpa=use_sdpa, seg_len=4, mem_len=6)
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
+def test_reset_memory_row_equals_fresh_stream(attn_kernel):
+    model = make_model(attn_kernel=attn_kernel, seg_len=4, mem_len=6)
     with torch.no_grad():
         _, memory = run_segments(model, tokens(3, 8, seed=5), empty_memory(model, 3), 4)
         mask = torch.tensor([False, True, False])
@@ -310,10 +310,10 @@ def test_new_memory_holds_each_layers_last_inputs():
     assert memory.length.tolist() == [6, 6]
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
 @pytest.mark.parametrize('same_length', [False, True])
-def test_invalid_memory_slots_are_masked(use_sdpa, same_length):
-    model = make_model(use_sdpa=use_sdpa, same_length=same_length, seg_len=4, mem_len=6)
+def test_invalid_memory_slots_are_masked(attn_kernel, same_length):
+    model = make_model(attn_kernel=attn_kernel, same_length=same_length, seg_len=4, mem_len=6)
     idx = tokens(3, 4)
     clean = random_memory(model, 3, lengths=[0, 2, 6])
     valid = torch.arange(6)[None, :] >= 6 - clean.length[:, None]             # (B, M)
@@ -348,8 +348,8 @@ PATH_CONFIGS = [
 
 def sdpa_and_manual(overrides):
     overrides = dict(dict(seg_len=4, mem_len=6), **overrides)
-    sdpa = make_model(use_sdpa=True, **overrides)
-    manual = make_model(use_sdpa=False, seed=1, **overrides)
+    sdpa = make_model(attn_kernel='sdpa', **overrides)
+    manual = make_model(attn_kernel='einsum', seed=1, **overrides)
     manual.load_state_dict(sdpa.state_dict())
     return sdpa, manual
 
@@ -520,9 +520,9 @@ def test_forward_rejects_segment_longer_than_seg_len():
 # 12. bf16 autocast on CPU
 
 
-@pytest.mark.parametrize('use_sdpa', [True, False])
-def test_bf16_autocast_forward_backward(use_sdpa):
-    model = make_model(dtype=torch.float32, use_sdpa=use_sdpa, dropout=0.1, seg_len=4, mem_len=6).train()
+@pytest.mark.parametrize('attn_kernel', ['sdpa', 'einsum'])
+def test_bf16_autocast_forward_backward(attn_kernel):
+    model = make_model(dtype=torch.float32, attn_kernel=attn_kernel, dropout=0.1, seg_len=4, mem_len=6).train()
     assert_bf16_forward_backward(model, ['mem'])
 
 

@@ -22,7 +22,8 @@ from lab import attention_reach
 
 def tiny(mem_len, seed=0):
     torch.manual_seed(seed)
-    config = model_xl.Config(**{**TINY_XL, 'n_layer': 2, 'mem_len': mem_len, 'use_sdpa': False, 'init_std': 0.3})
+    config = model_xl.Config(**{**TINY_XL, 'n_layer': 2, 'mem_len': mem_len, 'attn_kernel': 'einsum',
+                                'init_std': 0.3})
     return model_xl.Model(config).eval()
 
 

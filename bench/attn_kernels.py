@@ -1,0 +1,235 @@
+"""
+One layer's Transformer-XL relative attention (§3.3) on each path that can compute it, timed alone: forward, and
+forward + backward, at the size people train (B 8, H 16, T 512, K = 1024 keys, d_head 64, bf16).
+
+    python bench/attn_kernels.py --device=cuda                         # every path, compiled where it compiles
+    python bench/attn_kernels.py --device=cuda --paths=sdpa,triton --iters=50
+    python bench/attn_kernels.py --device=cpu --dtype=float32 --quick=True   # a dry run (Triton interpreted)
+
+Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal mask with memory):
+    einsum  the reference: (q+u)kᵀ + rel_shift((q+v) r_kᵀ), masked softmax, product with v (model_xl.py's einsum path)
+    sdpa    today's default: the rel-shifted (b)+(d) as SDPA's additive float bias (model_xl.py's sdpa path)
+    flex    FlexAttention: the rel-shift as index arithmetic in a score_mod over the unshifted (b)+(d), a causal
+            BlockMask (CUDA only: on the CPU it has no backward)
+    triton  rel_attention_triton.py: (b)+(d) inside each tile of one flash-style kernel (attn_kernel='triton'); on the
+            CPU interpreted, in float32 only
+    flash   the floor: SDPA with no positional term at all (causal_lower_right): what the position term costs
+One JSON line per path (triton: one per --triton_tiles entry, named triton_BQ,BK,WARPS): milliseconds (median over
+--iters after --warmup), and the largest difference of its output and its gradients from the einsum path's (flash: no
+positions, so not compared), or why it was skipped.
+--quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
+GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
+"""
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import train  # noqa: E402
+
+PATHS = ('einsum', 'sdpa', 'flex', 'triton', 'flash')
+QUICK = dict(batch_size=1, n_head=2, seg_len=32, keys=64, d_head=16, iters=2, warmup=1)
+
+
+@dataclass
+class AttnConfig:
+    device: str = 'cpu'            # cpu, cuda, auto
+    dtype: str = 'bfloat16'        # bfloat16 or float32: the inputs; every path accumulates in float32
+    paths: str = ','.join(PATHS)
+    batch_size: int = 8
+    n_head: int = 16
+    seg_len: int = 512             # T queries
+    keys: int = 1024               # K = mem_len + seg_len keys
+    d_head: int = 64
+    iters: int = 20                # timed repetitions: the median is reported
+    warmup: int = 5                # untimed repetitions first (compilation happens here)
+    compile: bool = True           # torch.compile einsum, sdpa and flex on a CUDA device (the CPU runs them eager)
+    triton_tiles: str = '64,64,4'  # the triton path's block_q,block_k,num_warps (several: 64,64,4;64,128,8)
+    quick: bool = False            # QUICK's tiny size and 2 iterations: does every path run?
+
+    def __post_init__(self):
+        if self.dtype not in ('bfloat16', 'float32'):
+            raise ValueError(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
+        for p in self.paths.split(','):
+            if p not in PATHS:
+                raise ValueError(f"unknown path {p!r} in paths; known: {', '.join(PATHS)}")
+        for name in ('batch_size', 'n_head', 'seg_len', 'd_head', 'iters'):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.keys < self.seg_len:
+            raise ValueError(f"keys (memory + segment) must be >= seg_len ({self.seg_len}), got {self.keys}")
+        for tiles in self.triton_tiles.split(';'):
+            parts = tiles.split(',')
+            if len(parts) != 3 or not all(p.isdigit() for p in parts) or any(int(p) & (int(p) - 1) for p in parts) \
+                    or min(int(p) for p in parts[:2]) < 16:
+                raise ValueError(f"triton_tiles are block_q,block_k,num_warps (powers of two, blocks >= 16), "
+                                 f"separated by ';', got {self.triton_tiles!r}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+
+
+# -----------------------------------------------------------------------------------------------------------
+# The paths: each (q, u, v_bias, k, v, r_k, mask, scale) -> out (B, H, T, D)
+
+
+def rel_shift(x):
+    """model_xl.py's rel_shift: column c (distance K-1-c) of row i moves to column j = c - (T-1-i)."""
+    B, H, T, K = x.shape
+    x = torch.cat([x.new_zeros(B, H, T, 1), x], dim=-1).view(B, H, K + 1, T)
+    return x[:, :, 1:].reshape(B, H, T, K)
+
+
+def einsum_path(q, u, v_bias, k, v, r_k, mask, scale):
+    BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + v_bias, r_k))
+    score = (torch.einsum('bhid,bhjd->bhij', q + u, k) + BD) * scale
+    prob = F.softmax(score.masked_fill(~mask, float('-inf')).float(), dim=-1).to(v.dtype)
+    return torch.einsum('bhij,bhjd->bhid', prob, v)
+
+
+def sdpa_path(q, u, v_bias, k, v, r_k, mask, scale):
+    BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + v_bias, r_k))
+    bias = (BD * scale).masked_fill(~mask, float('-inf')).to(k.dtype)
+    return F.scaled_dot_product_attention((q + u).to(k.dtype), k, v, attn_mask=bias)
+
+
+def flex_path(flex_attention, block_mask):
+    def path(q, u, v_bias, k, v, r_k, mask, scale):
+        T, K = q.size(2), k.size(2)
+        BD = torch.einsum('bhid,hjd->bhij', q + v_bias, r_k)     # (B, H, T, K) unshifted: column c = distance K-1-c
+
+        def score_mod(score, b, h, i, j):                          # score = scale (q+u)·k_j already
+            c = torch.clamp(j + (T - 1) - i, max=K - 1)            # the rel-shift; c > K-1 only where masked
+            return score + BD[b, h, i, c] * scale
+        return flex_attention((q + u).to(k.dtype), k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return path
+
+
+def flash_path(q, u, v_bias, k, v, r_k, mask, scale):
+    from torch.nn.attention.bias import causal_lower_right
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.size(2), k.size(2)), scale=scale)
+
+
+def triton_path(rel_attention, block_q, block_k, num_warps):
+    def path(q, u, v_bias, k, v, r_k, mask, scale):
+        return rel_attention(q + u, q + v_bias, k, v, r_k, mask, scale, block_q, block_k, num_warps)[0]
+    return path
+
+
+def build_paths(cfg, device_type, T, K):
+    """{name: callable or the reason it is skipped}"""
+    compiled = cfg.compile and device_type == 'cuda'
+    maybe_compile = torch.compile if compiled else (lambda fn: fn)
+    paths = {'einsum': maybe_compile(einsum_path), 'sdpa': maybe_compile(sdpa_path), 'flash': flash_path}
+    try:
+        if device_type != 'cuda':
+            raise RuntimeError("it has no backward on the CPU")
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        block_mask = create_block_mask(lambda b, h, i, j: (K - T) + i - j >= 0, None, None, T, K,
+                                       device=device_type)
+        paths['flex'] = maybe_compile(flex_path(maybe_compile(flex_attention), block_mask))
+    except Exception as e:                                         # an older torch, a device flex does not serve
+        paths['flex'] = f"FlexAttention unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    try:
+        from rel_attention_triton import rel_attention
+        for tiles in cfg.triton_tiles.split(';'):
+            paths[f'triton_{tiles}'] = triton_path(rel_attention, *(int(t) for t in tiles.split(',')))
+    except ImportError as e:
+        paths['triton'] = f"triton unavailable: {e}"
+    if device_type != 'cuda' and cfg.dtype != 'float32':
+        paths = {n: p for n, p in paths.items() if not n.startswith('triton')}
+        paths['triton'] = "Triton's interpreter (the CPU) has no bf16 arithmetic: --dtype=float32"
+    wanted = [n for n in PATHS if n in cfg.paths.split(',')]                # einsum first: the reference
+    return {n: p for w in wanted for n, p in paths.items() if n.split('_')[0] == w}
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Timing
+
+
+def inputs(cfg, device, dtype):
+    """Leaves q, u, v, k, v, r_k (the scale of a trained layer's) and the causal mask with K - T memory slots."""
+    B, H, T, K, D = cfg.batch_size, cfg.n_head, cfg.seg_len, cfg.keys, cfg.d_head
+    g = torch.Generator().manual_seed(0)
+    shapes = [(B, H, T, D), (H, 1, D), (H, 1, D), (B, H, K, D), (B, H, K, D), (H, K, D)]
+    leaves = [torch.randn(*s, generator=g).to(device, dtype).requires_grad_() for s in shapes]
+    i, j = torch.arange(T, device=device)[:, None], torch.arange(K, device=device)[None]
+    return leaves, ((K - T) + i - j >= 0)[None, None].expand(B, 1, T, K)
+
+
+def time_ms(fn, cfg, device_type):
+    """Median milliseconds of fn() over cfg.iters runs after cfg.warmup."""
+    times = []
+    for n in range(cfg.warmup + cfg.iters):
+        common.sync(device_type)
+        t0 = time.perf_counter()
+        fn()
+        common.sync(device_type)
+        if n >= cfg.warmup:
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def measure(name, path, leaves, mask, scale, grad_out, reference, cfg, device_type):
+    """One path's JSON line: times, and its differences from the reference (out, gradients) where it has one."""
+    def forward():
+        with torch.no_grad():
+            return path(*leaves, mask, scale)
+
+    def forward_backward():
+        out = path(*leaves, mask, scale)
+        return out, torch.autograd.grad(out, leaves, grad_out, allow_unused=True)
+
+    out, grads = forward_backward()
+    line = dict(path=name)
+    if reference is not None and name != 'flash':
+        ref_out, ref_grads = reference
+        line['max_abs_diff_out'] = (out.float() - ref_out.float()).abs().max().item()
+        line['max_abs_diff_grads'] = max((a.float() - b.float()).abs().max().item()
+                                         for a, b in zip(grads, ref_grads) if a is not None and b is not None)
+    line['fwd_ms'] = time_ms(forward, cfg, device_type)
+    line['fwd_bwd_ms'] = time_ms(forward_backward, cfg, device_type)
+    return line, (out, grads)
+
+
+def run(cfg):
+    if cfg.quick:
+        cfg = AttnConfig(**{**asdict(cfg), **QUICK})
+    device, device_type = common.setup(cfg.device)
+    if device_type != 'cuda':          # Triton's kernels run interpreted (slowly); set before anything imports triton
+        os.environ['TRITON_INTERPRET'] = '1'
+    dtype = getattr(torch, cfg.dtype)
+    leaves, mask = inputs(cfg, device, dtype)
+    scale = cfg.d_head ** -0.5
+    grad_out = torch.randn(leaves[0].shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    head = dict(device=torch.cuda.get_device_name() if device_type == 'cuda' else 'cpu', torch=torch.__version__,
+                dtype=cfg.dtype, B=cfg.batch_size, H=cfg.n_head, T=cfg.seg_len, K=cfg.keys, D=cfg.d_head,
+                compiled=cfg.compile and device_type == 'cuda', iters=cfg.iters)
+    reference = None
+    for name, path in build_paths(cfg, device_type, cfg.seg_len, cfg.keys).items():
+        if isinstance(path, str):
+            line = dict(path=name, skipped=path)
+        else:
+            try:
+                line, result = measure(name, path, leaves, mask, scale, grad_out, reference, cfg, device_type)
+                if name == 'einsum':
+                    reference = result
+            except Exception as e:                                 # one path failing does not stop the others
+                line = dict(path=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        print(json.dumps({**line, **head}), flush=True)
+
+
+def main(argv=None):
+    train.run_cli(lambda argv: run(common.parse(argv, AttnConfig)), sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,258 @@
+"""
+Transformer-XL relative attention (Dai et al., 2019, §3.3) as Triton kernels in the style of flash attention: the
+scores are never written to memory, and neither is the positional term. The model files' einsum path is the reference
+(tests/test_rel_attention_triton.py checks forward and backward against it); this file is what `attn_kernel='triton'`
+runs in model_xl.py, model_lamemo.py (the segment's attention), model_compressive.py and model_infformer.py (the STM).
+
+The score of query i and key j (§3.3), with u = r_w_bias, v = r_r_bias and d = 1/sqrt(d_head):
+    A^rel_{i,j} = (q_i + u)·k_j  (a)+(c)  +  (q_i + v)·W_{k,R} R_{i-j}  (b)+(d),    out_i = Σ_j softmax_j(d A^rel_i) v_j
+Query i of the T sits at position K - T + i of the K = M + T keys; the distance to key j is K - T + i - j. The einsum
+path scores (q_i + v) against every distance, (T, K), and rel-shifts it into place (model_xl.py's rel_shift); SDPA then
+reads that as a (B, H, T, K) float bias, and its backward writes one.
+
+Here one program owns a tile of BQ queries and walks over tiles of BK keys with the online softmax of flash attention.
+r_k = W_{k,R} R (H, K, D) holds row c for distance K-1-c (the order project_positions gives), so query i and key j
+need row c = j - i + T - 1. For queries i0..i0+BQ-1 and keys j0..j0+BK-1 these rows form one band,
+    c = c0 + t,  c0 = j0 - i0 - BQ + T,  t = (j - j0) - (i - i0) + BQ - 1 in [0, BQ + BK - 2],
+so the tile's (b)+(d) is ONE (BQ, D) x (D, BQ + BK - 1) product of (q + v) with the band, then a skew: entry (a, b)
+of the tile is entry (a, b - a + BQ - 1) of the product (tl.gather). (a)+(c) is the usual (q + u) k^T. Rows of the band
+outside 0..K-1 are distances outside 0..K-1: read as zeros and masked. clamp_len needs nothing here: R's rows are
+already clamped when the model builds them.
+
+The mask is the caller's own boolean (B, 1, T, K) (causal with memory, key_valid, same_length), read tile by tile
+(a byte per score, against the two bytes of a bf16 bias per head). Keys in a query's future are masked whatever it
+says (their band rows are the rel-shift's garbage), and key tiles wholly in the future of a query tile are skipped.
+
+Backward (G = d · P ∘ (dP - δ), δ_i = Σ_j P_ij dP_ij - ∂L/∂lse_i, dP = dO vᵀ, as flash attention's):
+    ∂(q+u) = G k,  ∂k = Gᵀ (q+u),  ∂v = Pᵀ dO,
+    ∂(q+v)_i = Σ_j G_ij r_k[c(i,j)]:  the tile's G un-skewed into band space (G_band[a, t] = G[a, t + a - BQ + 1]),
+                                       then one (BQ, BQ+BK-1) x (BQ+BK-1, D) product,
+    ∂r_k[c] = Σ_b Σ_{i,j: c(i,j)=c} G_ij (q+v)_i:  G_bandᵀ (q+v) per tile, added into a float32 (H, K, D) with atomics
+                                       (every batch row and every tile on the same diagonal adds to the same rows).
+The model passes q + u and q + v as two inputs, so autograd sums their gradients into q, u (r_w_bias) and v (r_r_bias).
+Two backward kernels: one per key tile (∂k, ∂v in registers), one per query tile (∂(q+u), ∂(q+v), and the atomics of
+∂r_k), each recomputing the probabilities from the stored log-sum-exp.
+
+Inputs bf16 (or float32); products accumulate in float32, the log-sum-exp is float32. Attention dropout (dropatt) is
+not implemented: the models refuse attn_kernel='triton' with dropatt > 0. On the CPU the kernels run under Triton's
+interpreter (TRITON_INTERPRET=1 before triton is imported), which is how the tests check them without a GPU; there
+torch.compile leaves them out of its graph. On CUDA it traces them (user-written Triton kernels): not yet run.
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit reads it, when this file is imported
+
+
+@triton.jit
+def _rows(ptr, first, offs, n, offs_d, D):
+    """Rows first + offs (only those in 0..n-1) of a row-major matrix of width D at ptr, zero elsewhere: (len, BD)."""
+    ok = (offs[:, None] >= 0) & (offs[:, None] < n) & (offs_d[None, :] < D)
+    return tl.load(ptr + (first + offs[:, None]) * D + offs_d[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, first, offs, n, offs_d, D, x):
+    """_rows' inverse: x into rows first + offs (those in 0..n-1), cast to ptr's dtype."""
+    ok = (offs[:, None] < n) & (offs_d[None, :] < D)
+    tl.store(ptr + (first + offs[:, None]) * D + offs_d[None, :], x.to(ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                 BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, qv = q + v, (BQ, BD)) against keys j0..j0+BK-1, masked to -inf:
+    -> scores (BQ, BK), allowed, the key tile k (BK, BD), the band of r_k (NB, BD) and its rows offs_c (NB,)."""
+    offs_i, offs_j, offs_d = i0 + tl.arange(0, BQ), j0 + tl.arange(0, BK), tl.arange(0, BD)
+    k = _rows(K_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)                  # (BK, BD)
+    score = tl.dot(qu, tl.trans(k), input_precision=PRECISION)                        # (a) + (c): (q_i + u)·k_j
+    offs_c = j0 - i0 - BQ + T + tl.arange(0, NB)                                       # the band's rows, c0 + t
+    band = _rows(R_ptr, h * K, offs_c, K, offs_d, D)                                   # (NB, BD)
+    by_distance = tl.dot(qv, tl.trans(band), input_precision=PRECISION)              # (BQ, NB): (q_i + v)·r_k[c]
+    skew = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1            # (BQ, BK): t of entry (a, b)
+    score = (score + tl.gather(by_distance, skew, 1)) * scale                        # (b) + (d) moved into place
+    allowed = ((K - T + offs_i[:, None] - offs_j[None, :]) >= 0) & (offs_i[:, None] < T) & (offs_j[None, :] < K)
+    allowed = allowed & (tl.load(MASK_ptr + mask_base + offs_i[:, None] * stride_mt + offs_j[None, :],
+                                 mask=allowed, other=0) != 0)                           # the caller's mask
+    return tl.where(allowed, score, float('-inf')), allowed, k, band, offs_c
+
+
+@triton.jit
+def _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ: tl.constexpr, BD: tl.constexpr):
+    """What the backward kernels read of queries i0..i0+BQ-1: q + u, q + v, dO (BQ, BD); lse (a query that sees no
+    key: 0, its p is 0 anyway), δ (BQ,)."""
+    offs, offs_d = tl.arange(0, BQ), tl.arange(0, BD)
+    first = bh * T + i0
+    lse = tl.load(LSE + first + offs, mask=i0 + offs < T, other=0.0)
+    return (_rows(QU, first, offs, T - i0, offs_d, D), _rows(QV, first, offs, T - i0, offs_d, D),
+            _rows(DO, first, offs, T - i0, offs_d, D), tl.where(lse == float('-inf'), 0.0, lse),
+            tl.load(DELTA + first + offs, mask=i0 + offs < T, other=0.0))
+
+
+@triton.jit
+def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, stride_mt, H, T, K, D, scale,
+                    BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    """out and lse of one tile of queries, over the key tiles it can see (online softmax)."""
+    i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
+    h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
+    qu = _rows(QU, bh * T + i0, offs, T - i0, offs_d, D)               # (BQ, BD) q + u
+    qv = _rows(QV, bh * T + i0, offs, T - i0, offs_d, D)               # (BQ, BD) q + v
+    mask_base = (bh // H) * stride_mb
+    m_i = tl.full([BQ], float('-inf'), tl.float32)                     # running max of each row
+    l_i = tl.zeros([BQ], tl.float32)                                   # running Σ exp
+    acc = tl.zeros([BQ, BD], tl.float32)
+    hi = tl.minimum(K, K - T + i0 + BQ)                                # keys past hi are in every query's future
+    for j0 in range(0, hi, BK):
+        score, allowed, k, band, offs_c = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base,
+                                                       stride_mt, T, K, D, scale, BQ, BK, NB, BD, PRECISION)
+        v = _rows(V_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)          # (BK, BD)
+        m_new = tl.maximum(m_i, tl.max(score, 1))
+        m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)         # a row with nothing allowed yet
+        p = tl.exp(score - m_safe[:, None])                            # (BQ, BK), 0 where masked
+        rescale = tl.exp(m_i - m_safe)
+        l_i = l_i * rescale + tl.sum(p, 1)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    empty = l_i == 0.0                                                 # a query that may see no key: out 0
+    _store_rows(OUT, bh * T + i0, offs, T - i0, offs_d, D, acc / tl.where(empty, 1.0, l_i)[:, None])
+    lse = tl.where(empty, float('-inf'), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    tl.store(LSE + bh * T + i0 + offs, lse, mask=i0 + offs < T)
+
+
+@triton.jit
+def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DK, DV, stride_mb, stride_mt,
+                          H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, BD: tl.constexpr,
+                          PRECISION: tl.constexpr):
+    """∂k = Gᵀ (q + u), ∂v = Pᵀ dO for one tile of keys, over the query tiles that can see it."""
+    j0, bh = tl.program_id(0) * BK, tl.program_id(1)
+    h, offs, offs_d = bh % H, tl.arange(0, BK), tl.arange(0, BD)
+    v = _rows(V_ptr, bh * K + j0, offs, K - j0, offs_d, D)            # (BK, BD)
+    mask_base = (bh // H) * stride_mb
+    dk = tl.zeros([BK, BD], tl.float32)
+    dv = tl.zeros([BK, BD], tl.float32)
+    first = tl.maximum(j0 - (K - T), 0) // BQ * BQ                   # earlier queries see none of these keys
+    for i0 in range(first, T, BQ):
+        qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
+        score, allowed, k, band, offs_c = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base,
+                                                       stride_mt, T, K, D, scale, BQ, BK, NB, BD, PRECISION)
+        p = tl.where(allowed, tl.exp(score - lse[:, None]), 0.0)      # (BQ, BK) the probabilities
+        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)       # (BQ, BK)
+        g = p * (dp - delta[:, None]) * scale                         # ∂L/∂A^rel
+        dk += tl.dot(tl.trans(g.to(qu.dtype)), qu, input_precision=PRECISION)
+    _store_rows(DK, bh * K + j0, offs, K - j0, offs_d, D, dk)
+    _store_rows(DV, bh * K + j0, offs, K - j0, offs_d, D, dv)
+
+
+@triton.jit
+def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DQU, DQV, DR, stride_mb, stride_mt,
+                             H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr,
+                             BD: tl.constexpr, PRECISION: tl.constexpr):
+    """∂(q + u) = G k and ∂(q + v) = G_band r_band for one tile of queries; ∂r_k += G_bandᵀ (q + v) with atomics."""
+    i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
+    h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
+    qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
+    mask_base = (bh // H) * stride_mb
+    dqu = tl.zeros([BQ, BD], tl.float32)
+    dqv = tl.zeros([BQ, BD], tl.float32)
+    unskew = tl.arange(0, NB)[None, :] + offs[:, None] - BQ + 1       # (BQ, NB): the key b of band entry t
+    in_tile = (unskew >= 0) & (unskew < BK)
+    unskew = tl.minimum(tl.maximum(unskew, 0), BK - 1)
+    hi = tl.minimum(K, K - T + i0 + BQ)
+    for j0 in range(0, hi, BK):
+        score, allowed, k, band, offs_c = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base,
+                                                       stride_mt, T, K, D, scale, BQ, BK, NB, BD, PRECISION)
+        v = _rows(V_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)
+        p = tl.where(allowed, tl.exp(score - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        g = p * (dp - delta[:, None]) * scale                         # (BQ, BK) ∂L/∂A^rel
+        dqu += tl.dot(g.to(k.dtype), k, input_precision=PRECISION)
+        g_band = tl.where(in_tile, tl.gather(g, unskew, 1), 0.0)      # (BQ, NB) the skew undone
+        dqv += tl.dot(g_band.to(band.dtype), band, input_precision=PRECISION)
+        d_band = tl.dot(tl.trans(g_band.to(qv.dtype)), qv, input_precision=PRECISION)   # (NB, BD)
+        tl.atomic_add(DR + (h * K + offs_c[:, None]) * D + offs_d[None, :], d_band,
+                      mask=(offs_c[:, None] >= 0) & (offs_c[:, None] < K) & (offs_d[None, :] < D))
+    _store_rows(DQU, bh * T + i0, offs, T - i0, offs_d, D, dqu)
+    _store_rows(DQV, bh * T + i0, offs, T - i0, offs_d, D, dqv)
+
+
+def _launch_shape(q_u, k, block_q, block_k):
+    B, H, T, D = q_u.shape
+    K = k.size(2)
+    return B, H, T, K, D, triton.next_power_of_2(block_q + block_k - 1), max(16, triton.next_power_of_2(D))
+
+
+def _precision(dtype):
+    return 'ieee' if dtype == torch.float32 else 'tf32'   # float32 inputs: exact products, as the reference
+
+
+class RelAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps):
+        B, H, T, K, D, NB, BD = _launch_shape(q_u, k, block_q, block_k)
+        out = torch.empty_like(q_u)
+        lse = torch.empty(B, H, T, device=q_u.device, dtype=torch.float32)
+        grid = (triton.cdiv(T, block_q), B * H)
+        _forward_kernel[grid](q_u, q_v, k, v, r_k, mask, out, lse, mask.stride(0), mask.stride(2), H, T, K, D, scale,
+                              BQ=block_q, BK=block_k, NB=NB, BD=BD, PRECISION=_precision(q_u.dtype),
+                              num_warps=num_warps)
+        ctx.save_for_backward(q_u, q_v, k, v, r_k, mask, out, lse)
+        ctx.scale, ctx.block_q, ctx.block_k, ctx.num_warps = scale, block_q, block_k, num_warps
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):
+        q_u, q_v, k, v, r_k, mask, out, lse = ctx.saved_tensors
+        B, H, T, K, D, NB, BD = _launch_shape(q_u, k, ctx.block_q, ctx.block_k)
+        d_out = d_out.contiguous()
+        delta = (d_out.float() * out.float()).sum(-1)                # (B, H, T) δ_i = Σ_j P_ij dP_ij
+        if d_lse is not None:
+            delta = delta - d_lse                                     # ∂lse_i/∂A_ij = P_ij
+        delta = delta.contiguous()
+        common = dict(BQ=ctx.block_q, BK=ctx.block_k, NB=NB, BD=BD, PRECISION=_precision(q_u.dtype),
+                      num_warps=ctx.num_warps)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        _backward_keys_kernel[(triton.cdiv(K, ctx.block_k), B * H)](
+            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dk, dv, mask.stride(0), mask.stride(2), H, T, K, D,
+            ctx.scale, **common)
+        dq_u, dq_v = torch.empty_like(q_u), torch.empty_like(q_v)
+        d_r = torch.zeros(r_k.shape, device=r_k.device, dtype=torch.float32)   # atomics add in float32
+        _backward_queries_kernel[(triton.cdiv(T, ctx.block_q), B * H)](
+            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dq_u, dq_v, d_r, mask.stride(0), mask.stride(2), H, T, K, D,
+            ctx.scale, **common)
+        return dq_u, dq_v, dk, dv, d_r.to(r_k.dtype), None, None, None, None, None
+
+
+def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=64, block_k=64, num_warps=4):
+    """softmax(scale · ((q+u) kᵀ + rel_shift((q+v) r_kᵀ)), masked) v and its log-sum-exp, in one kernel.
+    q_u = q + u, q_v = q + v: (B, H, T, D); k, v: (B, H, K, D), the last T keys being the queries' own positions;
+    r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where allowed (keys in
+    a query's future are masked whatever it says). Everything is cast to v's dtype.
+    block_q, block_k (powers of two, >= 16) and num_warps: the tiles and warps of every kernel (not yet tuned on a GPU).
+    -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
+    if q_u.device.type != 'cuda' and not INTERPRETED:
+        raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "
+                         f"not on {q_u.device}")
+    if INTERPRETED and v.dtype != torch.float32:
+        raise ValueError(f"Triton's interpreter (the CPU) has no {v.dtype} arithmetic: attn_kernel='triton' on the CPU "
+                         f"runs in float32 only")
+    B, H, T, D = q_u.shape
+    K = k.size(2)
+    if r_k.shape != (H, K, D) or attn_mask.dim() != 4 or attn_mask.size(1) != 1 or attn_mask.shape[-2:] != (T, K):
+        raise ValueError(f"rel_attention: r_k {tuple(r_k.shape)} and attn_mask {tuple(attn_mask.shape)} do not fit "
+                         f"{K} keys, {T} queries, {H} heads of {D}")
+    # the kernels address q_u, q_v, k, v, r_k, the output and the gradients as contiguous (rows of D); the mask by
+    # its strides over rows and queries (one mask for all heads)
+    q_u, q_v, k, v, r_k = (x.to(v.dtype).contiguous() for x in (q_u, q_v, k, v, r_k))
+    mask = attn_mask.expand(B, 1, T, K)
+    mask = mask if mask.stride(-1) == 1 else mask.contiguous()
+    return _apply(q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps)
+
+
+# torch.compile traces user-written Triton kernels on CUDA; the interpreter's Python it cannot, so there the kernels
+# run outside the graph (a graph break around each call)
+_apply = torch.compiler.disable(RelAttention.apply) if INTERPRETED else RelAttention.apply

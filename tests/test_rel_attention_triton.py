@@ -1,0 +1,302 @@
+"""
+rel_attention_triton.py (attn_kernel='triton') against the einsum reference, forward and backward.
+
+Without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets before
+anything imports triton): float32 within ~1e-5 of the reference, kernel by kernel and in every model that has the flag.
+On a CUDA machine those cases skip and the GPU cases run the compiled kernels in bf16. Where triton is not installed,
+only the Config checks run.
+"""
+
+import importlib
+import importlib.util
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from _model_tests import V, assert_greedy_generate_matches_forward, tokens
+import model_compressive
+import model_infformer
+import model_lamemo
+import model_xl
+from model_xl import rel_shift
+
+CUDA = torch.cuda.is_available()
+HAS_TRITON = importlib.util.find_spec('triton') is not None
+kernel = importlib.import_module('rel_attention_triton') if HAS_TRITON else None   # interpreted without a GPU
+
+NO_TRITON = 'triton is not installed (CUDA builds of torch ship it; requirements-test.txt for the interpreter)'
+interpreted = pytest.mark.skipif(kernel is None or not kernel.INTERPRETED, reason=NO_TRITON if kernel is None else
+                                 'interpreter cases: on a CUDA machine the GPU cases run instead')
+on_gpu = pytest.mark.skipif(kernel is None or kernel.INTERPRETED or not CUDA,
+                            reason=NO_TRITON if kernel is None else 'compiled kernels need a GPU')
+
+
+def reference(q_u, q_v, k, v, r_k, attn_mask, scale):
+    """The einsum path of model_xl.py's RelMultiHeadAttn, in the inputs' dtype, with the log-sum-exp."""
+    BD = rel_shift(torch.einsum('bhid,hjd->bhij', q_v, r_k))
+    score = (torch.einsum('bhid,bhjd->bhij', q_u, k) + BD) * scale
+    score = score.masked_fill(~attn_mask, float('-inf'))
+    return torch.einsum('bhij,bhjd->bhid', torch.softmax(score, -1), v), torch.logsumexp(score, -1)
+
+
+def attn_mask(B, T, M, key_valid_from=None, window=None):
+    """model_xl.py's mask: causal with M memory slots, the first key_valid_from[b] keys of row b invalid, and with
+    window (same_length) distance < window."""
+    i, j = torch.arange(T)[:, None], torch.arange(M + T)[None]
+    allowed = (M + i - j >= 0) & ((M + i - j < window) if window else True)
+    valid = torch.ones(B, M + T, dtype=torch.bool)
+    for b, n in enumerate(key_valid_from or []):
+        valid[b, :n] = False
+    return (allowed[None] & valid[:, None])[:, None]             # (B, 1, T, K)
+
+
+def inputs(B, H, T, M, D, dtype=torch.float32, device='cpu', seed=0):
+    """q, u, v, k, v, r_k with the scale of a trained layer (entries ~1); q, k, v as the models' views of (B, T, H, D)
+    (and r_k of (K, H, D)), whose strides differ from one another."""
+    g = torch.Generator().manual_seed(seed)
+    K = M + T
+    randn = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64).to(device, dtype)
+    return [randn(B, T, H, D).transpose(1, 2), randn(H, 1, D), randn(H, 1, D), randn(B, K, H, D).transpose(1, 2),
+            randn(B, K, 2 * H, D)[:, :, H:].transpose(1, 2), randn(K, H, D).transpose(0, 1)]
+
+
+def outputs_and_grads(fn, leaves, mask, scale, seed=1):
+    """fn's (out, lse) and the gradients of a random linear function of both w.r.t. leaves (q, u, v, k, v, r_k)."""
+    leaves = [x.detach().clone().requires_grad_() for x in leaves]
+    q, u, vb, k, v, r_k = leaves
+    out, lse = fn(q + u, q + vb, k, v, r_k, mask, scale)
+    g = torch.Generator().manual_seed(seed)
+    w_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(out)
+    w_lse = torch.randn(lse.shape, generator=g, dtype=torch.float64).to(lse)
+    finite = torch.isfinite(lse)                                   # a query that sees no key has lse -inf
+    loss = (out.float() * w_out).sum() + torch.where(finite, lse * w_lse, 0).sum()
+    return [out, lse] + list(torch.autograd.grad(loss, leaves))
+
+
+NAMES = ['out', 'lse', 'd q', 'd u', 'd v (r_r_bias)', 'd k', 'd v', 'd r_k']
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 1. The kernel against the reference (interpreter, float32)
+
+
+@interpreted
+@pytest.mark.parametrize('B, H, T, M, D, mask_args', [
+    (2, 2, 16, 0, 8, {}),                                        # one tile, no memory
+    (2, 3, 37, 11, 12, {}),                                      # T, K, D not multiples of the tiles
+    (1, 2, 16, 40, 16, {}),                                      # memory longer than the segment
+    (3, 2, 20, 13, 8, dict(key_valid_from=[0, 5, 13])),         # a fresh stream's invalid memory slots
+    (2, 2, 21, 17, 8, dict(key_valid_from=[3, 0], window=17)),  # same_length
+    (1, 1, 5, 3, 4, {}),                                         # smaller than one tile
+])
+def test_kernel_equals_reference_forward_and_backward(B, H, T, M, D, mask_args):
+    leaves = inputs(B, H, T, M, D)
+    mask = attn_mask(B, T, M, **mask_args)
+    got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=16, block_k=16), leaves, mask, 0.3)
+    want = outputs_and_grads(reference, [x.double() for x in leaves], mask, 0.3)
+    for name, a, b in zip(NAMES, got, want):
+        assert a.dtype == torch.float32, name
+        torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@interpreted
+def test_kernel_tiles_are_not_square():
+    """block_q != block_k: a band of block_q + block_k - 1 rows, padded to a power of two."""
+    leaves = inputs(2, 2, 40, 24, 8)
+    mask = attn_mask(2, 40, 24, key_valid_from=[7, 0])
+    want = outputs_and_grads(reference, [x.double() for x in leaves], mask, 0.25)
+    for block_q, block_k in ((16, 32), (32, 16)):
+        got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=block_q, block_k=block_k), leaves, mask,
+                                0.25)
+        for name, a, b in zip(NAMES, got, want):
+            torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5, msg=f'{name} {block_q}x{block_k}')
+
+
+@interpreted
+def test_keys_in_a_querys_future_are_masked_whatever_the_mask_says():
+    """Their (b)+(d) entries are the rel-shift's garbage: the kernel masks them itself (an all-True mask = causal)."""
+    leaves = inputs(1, 2, 20, 6, 8)
+    everything = torch.ones(1, 1, 20, 26, dtype=torch.bool)
+    got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=16, block_k=16), leaves, everything, 0.3)
+    want = outputs_and_grads(reference, [x.double() for x in leaves], attn_mask(1, 20, 6), 0.3)
+    for name, a, b in zip(NAMES, got, want):
+        torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@interpreted
+def test_a_query_that_sees_no_key_gives_zero_and_finite_gradients():
+    leaves = inputs(2, 1, 8, 4, 8)
+    mask = attn_mask(2, 8, 4).clone()
+    mask[1, :, 3] = False                                        # row 1's query 3 may see nothing
+    out, lse, *grads = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=16, block_k=16), leaves, mask,
+                                         0.3)
+    assert torch.equal(out[1, :, 3], torch.zeros_like(out[1, :, 3])) and torch.isneginf(lse[1, :, 3]).all()
+    assert torch.isfinite(lse[0]).all() and all(torch.isfinite(g).all() for g in grads)
+    want = outputs_and_grads(reference, [x.double() for x in leaves], mask, 0.3)
+    torch.testing.assert_close(out[0].double(), want[0][0], atol=1e-5, rtol=1e-5)
+
+
+@interpreted
+def test_bad_shapes_are_one_line_errors():
+    q, u, vb, k, v, r_k = inputs(1, 2, 8, 4, 8)
+    with pytest.raises(ValueError, match='do not fit'):
+        kernel.rel_attention(q + u, q + vb, k, v, r_k[:, 1:], attn_mask(1, 8, 4), 0.3)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 2. Every model with the flag equals its einsum path (interpreter, float32)
+
+MODELS = {
+    'xl': (model_xl, dict(mem_len=6)),
+    'xl_same_length_clamp_pre_ln': (model_xl, dict(mem_len=6, same_length=True, clamp_len=3, pre_lnorm=True)),
+    'xl_no_memory': (model_xl, dict(mem_len=0, untie_r=False)),
+    'lamemo': (model_lamemo, dict(mem_len=6)),
+    'lamemo_same_length_clamp': (model_lamemo, dict(mem_len=6, same_length=True, clamp_len=3)),
+    'compressive': (model_compressive, dict(mem_len=4, cmem_len=4, compression_rate=2)),
+    'compressive_most_used': (model_compressive, dict(mem_len=4, cmem_len=4, compression_rate=2,
+                                                      compression='most_used', same_length=True)),
+    'infformer': (model_infformer, dict(mem_len=6, n_basis=16, n_samples=16, basis_widths='0.05,0.1',
+                                        sticky=True)),
+}
+
+
+def twins(module, overrides, **more):
+    """The same model (float32, eval, dropout off) with attn_kernel 'einsum' and 'triton'."""
+    fields = dict(vocab_size=V, n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, dropout=0.0, dropatt=0.0,
+                  seg_len=4, **overrides, **more)
+    models = []
+    for name in ('einsum', 'triton'):
+        torch.manual_seed(0)
+        models.append(module.Model(module.Config(**fields, attn_kernel=name)).eval())
+    with torch.no_grad():                                        # u and v as large as q, so that they matter
+        for p in (models[0].r_w_bias, models[0].r_r_bias):
+            p.normal_(0.0, 1.0)
+    models[1].load_state_dict(models[0].state_dict())
+    return models
+
+
+@interpreted
+@pytest.mark.parametrize('name', MODELS)
+def test_model_with_triton_kernel_equals_einsum_path(name):
+    """Three segments (the memory fills, some rows start fresh): logits, loss, the new memory and every gradient."""
+    module, overrides = MODELS[name]
+    einsum, triton = twins(module, overrides)
+    idx = tokens(2, 12, seed=3)
+    results = []
+    for model in (einsum, triton):
+        torch.manual_seed(7)                                      # the ∞-former's sticky memories draw samples
+        memory, losses = model.init_memory(2, 'cpu'), 0
+        logits = []
+        for s in range(3):
+            piece = idx[:, 4 * s:4 * s + 4]
+            out, loss, memory, _ = model(piece, memory, targets=piece.roll(-1, 1))
+            losses, memory = losses + loss, model.reset_memory(memory, torch.tensor([s == 1, False]))
+            logits.append(out)
+        grads = torch.autograd.grad(losses, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+        results.append((torch.cat(logits, 1), losses, memory, grads))
+    (a_logits, a_loss, a_memory, a_grads), (b_logits, b_loss, b_memory, b_grads) = results
+    torch.testing.assert_close(b_logits, a_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(b_loss, a_loss, atol=1e-5, rtol=1e-5)
+    for field, x in vars(a_memory).items():
+        torch.testing.assert_close(getattr(b_memory, field), x, atol=1e-5, rtol=1e-5, msg=field)
+    names = [n for n, p in einsum.named_parameters() if p.requires_grad]
+    assert sum(g is not None for g in a_grads) > 10
+    for n, x, y in zip(names, a_grads, b_grads):
+        assert (x is None) == (y is None), n
+        if x is not None:
+            scale = x.abs().max().item()                          # u's and v's gradients are ~1e-6
+            assert (y - x).abs().max().item() <= 1e-4 * scale + 1e-10, (n, (y - x).abs().max().item(), scale)
+
+
+@interpreted
+@pytest.mark.parametrize('name', ['xl', 'lamemo', 'compressive', 'infformer'])
+def test_generate_with_triton_kernel_matches_forward(name):
+    """generate() steps through the open segment's buffers (r_k and the keys sliced): as forward() does."""
+    module, overrides = MODELS[name]
+    _, model = twins(module, overrides)
+    memory = model.init_memory(2, 'cpu')
+    assert_greedy_generate_matches_forward(model, tokens(2, 3), 7, memory, memory, 4, rng_seed=0, logits_atol=1e-5)
+
+
+@interpreted
+def test_compiled_model_with_triton_kernel_equals_einsum_path():
+    """torch.compile around attn_kernel='triton' (interpreted: the kernels run outside the graph): the same loss and
+    gradients as the eager einsum path."""
+    einsum, triton = twins(model_xl, dict(mem_len=6))
+    idx = tokens(2, 4, seed=4)
+    results = []
+    for model, call in ((einsum, einsum), (triton, torch.compile(triton))):
+        _, loss, _, _ = call(idx, model.init_memory(2, 'cpu'), targets=idx.roll(-1, 1))
+        results.append((loss, torch.autograd.grad(loss, [model.r_r_bias, model.layers[0].attn.kv_net.weight])))
+    (loss, grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, loss, atol=1e-5, rtol=1e-5)
+    for a, b in zip(compiled_grads, grads):
+        torch.testing.assert_close(a, b, atol=1e-4 * b.abs().max().item(), rtol=1e-4)
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 3. Config: bad combinations are one-line errors (no triton needed)
+
+
+@pytest.mark.parametrize('module', [model_xl, model_lamemo, model_compressive, model_infformer],
+                         ids=lambda m: m.__name__)
+def test_attn_kernel_config_errors(module, monkeypatch):
+    with pytest.raises(ValueError, match='attn_kernel must be one of'):
+        module.Config(attn_kernel='flash')
+    with pytest.raises(ValueError, match='no attention dropout'):
+        module.Config(attn_kernel='triton', dropatt=0.1)
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *args: None if name == 'triton' else object())
+    with pytest.raises(ValueError, match='needs the triton package'):
+        module.Config(attn_kernel='triton', dropatt=0.0)
+
+
+def test_lamemo_has_no_sdpa_path():
+    """LaMemo stores the segment's log-sum-exps, which SDPA does not return."""
+    with pytest.raises(ValueError, match="attn_kernel must be one of einsum, triton, got 'sdpa'"):
+        model_lamemo.Config(attn_kernel='sdpa')
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 4. On a GPU: the compiled kernels in bf16 against the float32 reference
+
+
+@on_gpu
+@pytest.mark.parametrize('T, M, D', [(512, 1024 - 512, 64), (300, 150, 41), (128, 0, 64)])
+def test_compiled_kernel_in_bf16_is_within_bf16_rounding(T, M, D):
+    B, H = 2, 4
+    leaves = inputs(B, H, T, M, D, device='cuda')
+    mask = attn_mask(B, T, M, key_valid_from=[M // 3, 0]).cuda()
+    scale = D ** -0.5
+    want = outputs_and_grads(reference, leaves, mask, scale)                          # float32
+    got = outputs_and_grads(kernel.rel_attention, [x.bfloat16() for x in leaves], mask, scale)
+    bf16 = outputs_and_grads(reference, [x.bfloat16() for x in leaves], mask, scale)   # the einsum path in bf16
+    for name, a, b, c in zip(NAMES, got, want, bf16):
+        error, baseline = (a.float() - b).abs().max().item(), (c.float() - b).abs().max().item()
+        assert error <= 2 * baseline + 1e-3 * b.abs().max().item(), (name, error, baseline)
+
+
+@on_gpu
+def test_xl_with_triton_kernel_trains_like_sdpa_under_autocast():
+    """One bf16-autocast training step of a small XL: loss and gradients of the two paths within bf16 rounding."""
+    fields = dict(vocab_size=V, n_layer=2, n_head=4, n_embd=64, d_head=16, d_inner=128, dropout=0.0, seg_len=64,
+                  mem_len=64)
+    models = []
+    for name in ('sdpa', 'triton'):
+        torch.manual_seed(0)
+        models.append(model_xl.Model(model_xl.Config(**fields, attn_kernel=name)).cuda())
+    models[1].load_state_dict(models[0].state_dict())
+    idx = tokens(4, 128, seed=5).cuda()
+    losses = []
+    for model in models:
+        memory = model.init_memory(4, 'cuda')
+        with torch.autocast('cuda', torch.bfloat16):
+            for s in range(2):
+                piece = idx[:, 64 * s:64 * s + 64]
+                _, loss, memory, _ = model(piece, memory, targets=piece.roll(-1, 1))
+        loss.backward()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) < 1e-2 * abs(losses[0]), losses
+    for (n, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        scale = a.grad.abs().max().item() + 1e-12
+        assert (a.grad - b.grad).abs().max().item() <= 5e-2 * scale, n
