@@ -11,8 +11,11 @@ install:
 	  if nvidia-smi -L >/dev/null 2>&1; then $(PIP) torch; else $(PIP) torch==2.13.0; fi; }
 	@$(PIP) -r requirements.txt
 
+# triton: a CUDA torch brings its own; on a CPU machine the tests run rel_attention_triton.py's kernels under
+# Triton's interpreter, which needs 3.8 (3.6's fails on them).
 install-test: install
 	@$(PIP) -r requirements-test.txt
+	@nvidia-smi -L >/dev/null 2>&1 || $(PIP) triton==3.8.0
 
 data: install
 	$(PYTHON) data/gutenberg/prepare.py

@@ -114,7 +114,9 @@ def test_benchmarks_compile_with_static_shapes(monkeypatch):
     calls = []
     monkeypatch.setattr(torch, 'compile', lambda model, **kw: calls.append(kw) or model)
     model, _ = common.build(TINY_VARIANTS['xl'])
-    assert common.compile_model(model) is model and calls == [{'dynamic': False}]
+    with torch._dynamo.config.patch(cache_size_limit=8):      # compile_model raises it for the process: not here
+        assert common.compile_model(model) is model and calls == [{'dynamic': False}]
+        assert torch._dynamo.config.cache_size_limit == 64
     import inspect
     for module in (speed, scaling):
         source = inspect.getsource(module)
