@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from _gpt2_util import write_tiny_gpt2
+from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset, write_tiny_gpt2
 from _model_tests import (F64, V, assert_bf16_forward_backward, assert_close, assert_greedy_generate_matches_forward,
                           assert_sampled_generate_matches_forward, differs, run_segments, tokens,
                           train_on_repeated_pattern)
@@ -477,25 +477,13 @@ def hub_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def bpe_data_dir(tmp_path_factory):
-    """GPT-2 BPE tokens in the prepared layout, meta.json naming the GPT-2 tokenizer."""
-    import json
-
-    import numpy as np
-
-    from _train_util import TEXT, write_dataset
-    from data.tokenizer import gpt2_tokenizer
-    tokenizer = gpt2_tokenizer()
-    tokens = np.array(tokenizer.encode(TEXT * 8), dtype=np.uint16)
-    data = write_dataset(tmp_path_factory.mktemp('data'), tokens[:400], tokens[400:], vocab_size=50257)
-    meta = json.loads((data / 'meta.json').read_text())
-    (data / 'meta.json').write_text(json.dumps({**meta, **tokenizer.describe()}))
-    return data
+    return write_gpt2_dataset(tmp_path_factory.mktemp('data'))
 
 
 def test_loaded_through_pretrained_py_an_empty_memory_gives_transformers_logits(hub_dir):
     """--init_from=gpt2:DIR's loader (pretrained.py) fills the GPT-2 part and leaves f_c at init: the first segment of a
     fresh stream is transformers' GPT-2 within 1e-5; the next, reading the compressed memory, is not."""
-    pretrained = pytest.importorskip('pretrained', reason="pretrained.py (branch gpt2) is not in this tree")
+    import pretrained
     import model_compressive_gpt2 as module
     directory, hf = hub_dir
     cfg = Config(seg_len=16, dropout=0.0, cmem_len=8)
@@ -513,28 +501,6 @@ def test_loaded_through_pretrained_py_an_empty_memory_gives_transformers_logits(
 def test_train_from_gpt2_resumes_exactly_then_evaluates_and_samples(hub_dir, bpe_data_dir, tmp_path):
     """From gpt2:DIR: 6 steps straight == 3 steps and a resume to 6 (weights, optimizer, memory, logs bit-identical,
     dropout on, the reconstruction loss logged); then --eval_only and sample.py on the run."""
-    pytest.importorskip('pretrained', reason="pretrained.py (branch gpt2) is not in this tree")
-    import numpy as np
-
-    import train
-    from _train_util import assert_identical, flags, load, read_log, run_python
-    directory, _ = hub_dir
-    model = dict(model='compressive_gpt2', seg_len=16, cmem_len=16)
-    run = dict(dropout=0.1, max_iters=6, eval_interval=3, log_interval=1, learning_rate=1e-3, warmup_iters=2)
-    straight, split = tmp_path / 'straight', tmp_path / 'split'
-    train.train(flags(bpe_data_dir, straight, model, init_from=f'gpt2:{directory}', **run))
-    train.train(flags(bpe_data_dir, split, model, init_from=f'gpt2:{directory}', **{**run, 'max_iters': 3}))
-    train.train(flags(bpe_data_dir, split, dict(model='compressive_gpt2'), **{**run, 'init_from': 'resume'}))
-    a, b = load(straight / 'ckpt.pt'), load(split / 'ckpt.pt')
-    assert a['step'] == 6
-    assert_identical({k: v for k, v in a.items() if k != 'train_config'},
-                     {k: v for k, v in b.items() if k != 'train_config'})
-    logged = [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(straight)]
-    assert logged == [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(split)]
+    logged = train_resume_evaluate_sample(bpe_data_dir, tmp_path, hub_dir[0],
+                                          dict(model='compressive_gpt2', seg_len=16, cmem_len=16), max_new_tokens=20)
     assert all(r['train/recon_loss'] > 0 for r in logged if 'train/loss' in r)
-    result = train.train(flags(bpe_data_dir, split, dict(model='compressive_gpt2'), eval_only=True))
-    assert result['loss'] > 0 and result['ppl'] == pytest.approx(np.exp(result['loss']))
-    proc = run_python(['sample.py', f'--out_dir={split}', '--start=It was the best', '--max_new_tokens=20',
-                       '--device=cpu', '--temperature=0'])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith('It was the best') and len(proc.stdout) > len('It was the best\n')

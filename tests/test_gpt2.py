@@ -17,9 +17,8 @@ import torch
 
 import pretrained
 import train
-from _gpt2_util import write_tiny_gpt2
-from _train_util import (ENV, TEXT, assert_identical, assert_one_line_error, flags, load, read_log, run_main,
-                         run_python, write_dataset)
+from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset, write_tiny_gpt2
+from _train_util import ENV, assert_one_line_error, flags, load, run_main, run_python, write_dataset
 from data.loader import eval_stream_bounds
 
 transformers = pytest.importorskip('transformers')
@@ -38,14 +37,7 @@ def hub_dir(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory):
-    """GPT-2 BPE tokens in the prepared layout, meta.json naming the GPT-2 tokenizer."""
-    from data.tokenizer import gpt2_tokenizer
-    tokenizer = gpt2_tokenizer()
-    tokens = np.array(tokenizer.encode(TEXT * 8), dtype=np.uint16)      # ~580 tokens
-    data = write_dataset(tmp_path_factory.mktemp('data'), tokens[:400], tokens[400:], vocab_size=50257)
-    meta = json.loads((data / 'meta.json').read_text())
-    (data / 'meta.json').write_text(json.dumps({**meta, **tokenizer.describe()}))
-    return data
+    return write_gpt2_dataset(tmp_path_factory.mktemp('data'))
 
 
 def loaded(directory, **fields):
@@ -162,32 +154,10 @@ def test_step_logits_equal_forward_with_every_slot_read(hub_dir):
 
 
 def test_train_from_gpt2_resumes_exactly_without_the_directory_then_evaluates_and_samples(hub_dir, data_dir,
-                                                                                         tmp_path, capsys):
+                                                                                         tmp_path):
     """6 steps straight == 3 steps, then a resume to 6 with the GPT-2 directory gone (the checkpoint holds it all):
     bit-identical weights, optimizer, memory and logs (dropout on). Then --eval_only on the run and sample.py."""
-    directory, hf = hub_dir
-    copy = tmp_path / 'gpt2'
-    shutil.copytree(directory, copy)
-    run = dict(dropout=0.1, max_iters=6, eval_interval=3, log_interval=1, learning_rate=1e-3, warmup_iters=2)
-    straight, split = tmp_path / 'straight', tmp_path / 'split'
-    train.train(gpt2_flags(data_dir, straight, copy, **run))
-    train.train(gpt2_flags(data_dir, split, copy, **{**run, 'max_iters': 3}))
-    shutil.rmtree(copy)
-    train.train(flags(data_dir, split, dict(model='gpt2'), **{**run, 'init_from': 'resume'}))
-    a, b = load(straight / 'ckpt.pt'), load(split / 'ckpt.pt')
-    assert a['step'] == 6
-    assert_identical({k: v for k, v in a.items() if k != 'train_config'},
-                     {k: v for k, v in b.items() if k != 'train_config'})
-    def logged(out_dir):                             # every logged value but the timings
-        return [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(out_dir)]
-    assert len(logged(straight)) > 6 and logged(straight) == logged(split)
-
-    result = train.train(flags(data_dir, split, dict(model='gpt2'), eval_only=True))
-    assert result['loss'] > 0 and result['ppl'] == pytest.approx(np.exp(result['loss']))
-    proc = run_python(['sample.py', f'--out_dir={split}', '--start=It was the best', '--max_new_tokens=8',
-                       '--device=cpu', '--temperature=0'])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith('It was the best') and len(proc.stdout) > len('It was the best\n')
+    train_resume_evaluate_sample(data_dir, tmp_path, hub_dir[0], dict(model='gpt2', seg_len=T))
 
 
 def test_train_with_lr_0_keeps_the_pretrained_weights(hub_dir, data_dir, tmp_path):

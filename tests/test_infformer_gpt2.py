@@ -11,19 +11,15 @@ CPU tests for model_infformer_gpt2.py: the ∞-former's §4.2 setting, GPT-2 + t
 
 import math
 import re
-
-import json
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributions as dist
 
 import train
-from _gpt2_util import write_tiny_gpt2
-from _train_util import TEXT, assert_identical, flags, load, read_log, run_python, write_dataset
+from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset, write_tiny_gpt2
+from _train_util import flags, load
 from configurator import read_config_file
 from _model_tests import (V, assert_greedy_generate_matches_forward, assert_sampled_generate_matches_forward,
                           differs, run_segments, tokens, train_on_repeated_pattern)
@@ -91,44 +87,19 @@ def test_train_from_gpt2_dir_resumes_exactly_evaluates_and_samples(hf_and_ours, 
     """train.py --init_from=gpt2:DIR --model=infformer_gpt2 (pretrained.py, branch gpt2's loader): the checkpoint's
     GPT-2 part after a step at lr 0 is transformers' weights; 6 steps straight == 3, then a resume to 6 with the
     directory gone (bit-identical, dropout and sticky memories on); --eval_only; sample.py."""
-    pytest.importorskip('pretrained')
-    from data.tokenizer import gpt2_tokenizer
     directory = tmp_path / 'gpt2'
     hf = write_tiny_gpt2(directory)
-    tokenizer = gpt2_tokenizer()
-    tokens = np.array(tokenizer.encode(TEXT * 8), dtype=np.uint16)
-    data = write_dataset(tmp_path / 'data', tokens[:400], tokens[400:], vocab_size=50257)
-    meta = json.loads((data / 'meta.json').read_text())
-    (data / 'meta.json').write_text(json.dumps({**meta, **tokenizer.describe()}))      # GPT-2's tokenizer
+    data = write_gpt2_dataset(tmp_path / 'data')
     fields = dict(model='infformer_gpt2', **{k: v for k, v in LTM.items() if k != 'dropout'}, sticky=True)
-    run = dict(init_from=f'gpt2:{directory}', dropout=0.1, eval_interval=3, log_interval=1, warmup_iters=2)
-
-    train.train(flags(data, tmp_path / 'lr0', fields, **run, max_iters=1, learning_rate=0.0))
+    train.train(flags(data, tmp_path / 'lr0', fields, init_from=f'gpt2:{directory}', max_iters=1, learning_rate=0.0))
     saved = load(tmp_path / 'lr0' / 'ckpt.pt')['model']
     conv = ('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight')
     for name, p in hf.state_dict().items():
         if name in saved:
             assert torch.equal(saved[name], p.t() if name.endswith(conv) else p), name
 
-    straight, split = tmp_path / 'straight', tmp_path / 'split'
-    train.train(flags(data, straight, fields, **run, max_iters=6, learning_rate=1e-3))
-    train.train(flags(data, split, fields, **run, max_iters=3, learning_rate=1e-3))
-    shutil.rmtree(directory)
-    train.train(flags(data, split, fields, **{**run, 'init_from': 'resume'}, max_iters=6, learning_rate=1e-3))
-    a, b = load(straight / 'ckpt.pt'), load(split / 'ckpt.pt')
-    assert a['step'] == 6
-    assert_identical({k: v for k, v in a.items() if k != 'train_config'},
-                     {k: v for k, v in b.items() if k != 'train_config'})
-    logged = lambda out: [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(out)]
-    assert len(logged(straight)) > 6 and logged(straight) == logged(split)
-    assert any(r.get('train/kl_loss', 0) > 0 for r in read_log(straight))          # the KL term is logged
-
-    result = train.train(flags(data, split, fields, eval_only=True))
-    assert result['loss'] > 0 and result['ppl'] == pytest.approx(np.exp(result['loss']))
-    proc = run_python(['sample.py', f'--out_dir={split}', '--start=It was the best', '--max_new_tokens=8',
-                       '--device=cpu', '--temperature=0'])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith('It was the best') and len(proc.stdout) > len('It was the best\n')
+    logged = train_resume_evaluate_sample(data, tmp_path, directory, fields)
+    assert any(r.get('train/kl_loss', 0) > 0 for r in logged)                           # the KL term is logged
 
 
 # --- 2. The authors' code -------------------------------------------------------------------------------------

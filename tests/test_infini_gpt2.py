@@ -13,21 +13,18 @@ model_infini.py's (copies, kept identical by tests/test_copies.py) and tests/tes
 """
 
 import functools
-import json
-import shutil
 
-import numpy as np
 import pytest
 import torch
 
 import _model_tests
 import model_infini_gpt2
 import train
-from _gpt2_util import write_tiny_gpt2
+from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset, write_tiny_gpt2
 from _model_tests import (F64, V, assert_bf16_forward_backward, assert_greedy_generate_matches_forward,
                           assert_sampled_generate_matches_forward, differs, run_segments, tokens,
                           train_on_repeated_pattern)
-from _train_util import TEXT, assert_identical, flags, load, read_log, run_python, write_dataset
+from _train_util import flags
 from model_infini_gpt2 import Config, Memory, Model, sample_next, sigma
 from test_flops import counted_per_token
 from test_infini import naive_delta_memory, naive_linear_attention
@@ -394,27 +391,18 @@ def test_loss_goes_down_on_repeated_pattern(rule):
 
 @pytest.fixture(scope='module')
 def hub_dir(tmp_path_factory):
-    """A tiny random GPT-2 with GPT-2's vocabulary in the hub format, and the transformers model it is; the tests
-    that use it load it through pretrained.py (branch gpt2's loader): skipped where it is missing."""
-    pytest.importorskip('pretrained')
+    """A tiny random GPT-2 with GPT-2's vocabulary in the hub format, and the transformers model it is."""
     directory = tmp_path_factory.mktemp('tiny-gpt2')
     return directory, write_tiny_gpt2(directory)
 
 
 @pytest.fixture(scope='module')
 def gpt2_data(tmp_path_factory):
-    """GPT-2 BPE tokens in the prepared layout, meta.json naming the GPT-2 tokenizer."""
-    from data.tokenizer import gpt2_tokenizer
-    tokenizer = gpt2_tokenizer()
-    tokens = np.array(tokenizer.encode(TEXT * 8), dtype=np.uint16)      # ~580 tokens
-    data = write_dataset(tmp_path_factory.mktemp('data'), tokens[:400], tokens[400:], vocab_size=50257)
-    meta = json.loads((data / 'meta.json').read_text())
-    (data / 'meta.json').write_text(json.dumps({**meta, **tokenizer.describe()}))
-    return data
+    return write_gpt2_dataset(tmp_path_factory.mktemp('data'))
 
 
 def test_loaded_through_pretrained_py_it_is_gpt2_without_the_memory_and_beta_stays_at_init(hub_dir):
-    pretrained = pytest.importorskip('pretrained')
+    import pretrained
     directory, hf = hub_dir
     given = {'seg_len', 'dropout', 'compressive_memory'}
     for on in (False, True):
@@ -437,32 +425,8 @@ def test_train_from_gpt2_resumes_exactly_then_evaluates_and_samples(hub_dir, gpt
     """As config/infini_gpt2_pg19.py trains (inputs of 2 segments, reset and trained through the memory), from
     gpt2:DIR: 6 steps straight == 3 steps, then a resume to 6 with the directory gone: bit-identical checkpoints
     and logs (dropout on, delta updates). Then --eval_only on the run and sample.py from it."""
-    directory, _ = hub_dir
-    copy = tmp_path / 'gpt2'
-    shutil.copytree(directory, copy)
-    model = dict(model='infini_gpt2', seg_len=8, memory_update='delta')
-    run = dict(dropout=0.1, max_iters=6, eval_interval=3, log_interval=1, learning_rate=1e-3, warmup_iters=2,
-               bptt_segments=2, reset_every=2)
-    straight, split = tmp_path / 'straight', tmp_path / 'split'
-    train.train(flags(gpt2_data, straight, model, init_from=f'gpt2:{copy}', **run))
-    train.train(flags(gpt2_data, split, model, init_from=f'gpt2:{copy}', **{**run, 'max_iters': 3}))
-    shutil.rmtree(copy)
-    train.train(flags(gpt2_data, split, dict(model='infini_gpt2'), **{**run, 'init_from': 'resume'}))
-    a, b = load(straight / 'ckpt.pt'), load(split / 'ckpt.pt')
-    assert a['step'] == 6
-    assert_identical({k: v for k, v in a.items() if k != 'train_config'},
-                     {k: v for k, v in b.items() if k != 'train_config'})
-
-    def logged(out_dir):                             # every logged value but the timings
-        return [{k: v for k, v in r.items() if k not in ('tokens_per_sec', 'mfu')} for r in read_log(out_dir)]
-    assert len(logged(straight)) > 6 and logged(straight) == logged(split)
-
-    result = train.train(flags(gpt2_data, split, dict(model='infini_gpt2'), eval_only=True))
-    assert result['loss'] > 0 and result['ppl'] == pytest.approx(np.exp(result['loss']))
-    proc = run_python(['sample.py', f'--out_dir={split}', '--start=It was the best', '--max_new_tokens=8',
-                       '--device=cpu', '--temperature=0'])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.startswith('It was the best') and len(proc.stdout) > len('It was the best\n')
+    train_resume_evaluate_sample(gpt2_data, tmp_path, hub_dir[0], dict(model='infini_gpt2', seg_len=8,
+                                 memory_update='delta'), bptt_segments=2, reset_every=2)
 
 
 def test_eval_only_from_gpt2_without_the_memory_is_gpt2s_validation_loss(hub_dir, gpt2_data):
