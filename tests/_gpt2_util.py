@@ -25,6 +25,14 @@ def write_tiny_gpt2(dir, n_layer=2, n_head=2, n_embd=32, n_positions=64, seed=0,
     return model.eval()
 
 
+@pytest.fixture(scope='module')
+def hub_dir(tmp_path_factory):
+    """A tiny random GPT-2 (GPT-2's vocabulary) in the hub format, and the transformers model it is (a fixture: a test
+    module imports it by name)."""
+    directory = tmp_path_factory.mktemp('tiny-gpt2')
+    return directory, write_tiny_gpt2(directory)
+
+
 def write_gpt2_dataset(directory):
     """GPT-2 BPE tokens of _train_util.TEXT in the prepared layout (400 training tokens, ~180 validation), meta.json
     naming GPT-2's tokenizer: what train.py reads with --init_from=gpt2:DIR. -> the data directory"""

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _gpt2_util import hub_dir  # noqa: F401  (a fixture)
 from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset, write_tiny_gpt2
 from _model_tests import (F64, V, assert_bf16_forward_backward, assert_close, assert_greedy_generate_matches_forward,
                           assert_sampled_generate_matches_forward, differs, run_segments, tokens,
@@ -466,13 +467,6 @@ def test_pg19_config_has_the_papers_and_authors_values():
 
 # -----------------------------------------------------------------------------------------------------------
 # 7. End to end from a GPT-2 checkpoint in the hub format (pretrained.py, --init_from=gpt2:DIR)
-
-
-@pytest.fixture(scope='module')
-def hub_dir(tmp_path_factory):
-    """A tiny random GPT-2 in the hub format, and the transformers model it is."""
-    directory = tmp_path_factory.mktemp('tiny-gpt2')
-    return directory, write_tiny_gpt2(directory)
 
 
 @pytest.fixture(scope='module')

@@ -17,7 +17,8 @@ import torch
 
 import pretrained
 import train
-from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset, write_tiny_gpt2
+from _gpt2_util import hub_dir  # noqa: F401  (a fixture)
+from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset
 from _train_util import ENV, assert_one_line_error, flags, load, run_main, run_python, write_dataset
 from data.loader import eval_stream_bounds
 
@@ -26,13 +27,6 @@ model_gpt2 = train.import_model('gpt2')
 
 SIZE = dict(n_layer=2, n_head=2, n_embd=32, n_positions=64)   # write_tiny_gpt2's defaults
 T = 16                                                        # seg_len of the tests
-
-
-@pytest.fixture(scope='module')
-def hub_dir(tmp_path_factory):
-    """A tiny random GPT-2 in the hub format, and the transformers model it is."""
-    directory = tmp_path_factory.mktemp('tiny-gpt2')
-    return directory, write_tiny_gpt2(directory)
 
 
 @pytest.fixture(scope='module')

@@ -20,6 +20,7 @@ import torch
 import _model_tests
 import model_infini_gpt2
 import train
+from _gpt2_util import hub_dir  # noqa: F401  (a fixture)
 from _gpt2_util import train_resume_evaluate_sample, write_gpt2_dataset, write_tiny_gpt2
 from _model_tests import (F64, V, assert_bf16_forward_backward, assert_greedy_generate_matches_forward,
                           assert_sampled_generate_matches_forward, differs, run_segments, tokens,
@@ -387,13 +388,6 @@ def test_loss_goes_down_on_repeated_pattern(rule):
 
 # -----------------------------------------------------------------------------------------------------------
 # 6. From GPT-2's weights through pretrained.py and train.py (--init_from=gpt2:DIR), end to end
-
-
-@pytest.fixture(scope='module')
-def hub_dir(tmp_path_factory):
-    """A tiny random GPT-2 with GPT-2's vocabulary in the hub format, and the transformers model it is."""
-    directory = tmp_path_factory.mktemp('tiny-gpt2')
-    return directory, write_tiny_gpt2(directory)
 
 
 @pytest.fixture(scope='module')
