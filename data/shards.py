@@ -108,6 +108,7 @@ def ordered_map(fn, items, num_proc, chunksize=1):
             in_flight.release()
             yield result
 
+    get_encoding()  # fails here, once: a worker's initializer that raises is restarted by the pool forever
     with multiprocessing.Pool(num_proc, initializer=get_encoding) as pool:
         try:
             yield results(pool.imap(fn, feed(), chunksize))
