@@ -459,7 +459,8 @@ def test_pg19_config_has_the_papers_and_authors_values():
     config = ROOT / 'config' / 'compressive_gpt2_pg19.py'
     cfg, module, model_cfg, given = train.parse_args([str(config)])
     assert module.Config is type(model_cfg) and model_cfg.cmem_len == 512 and cfg.init_from == 'gpt2'
-    assert not given & {'n_layer', 'n_head', 'n_embd', 'vocab_size', 'n_positions', 'layer_norm_epsilon'}   # --init_from
+    architecture = {'n_layer', 'n_head', 'n_embd', 'vocab_size', 'n_positions', 'layer_norm_epsilon'}   # config.json's
+    assert not given & architecture
     from test_configs import FINETUNE_GPT2, followed_values    # config/gpt2_pg19.py's check: the authors' command
     values = followed_values(config)
     assert not {k: (values[k], v) for k, v in FINETUNE_GPT2.items() if values[k] != pytest.approx(v)}

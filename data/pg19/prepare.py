@@ -19,8 +19,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from data.shards import (SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, default_source, encode_doc, load_hub,
-                         prepared_meta, write_dataset)
+from data.shards import (SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, default_source, encode_doc,
+                         load_hub, prepared_meta, write_dataset)
 
 WORD_RULE = "per book: len(text.split()), Python's whitespace split of the book's full text (the PG-19 convention)"
 HUB_REPO = "emozilla/pg19"
