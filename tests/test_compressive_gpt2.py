@@ -452,10 +452,6 @@ def test_pg19_config_has_the_papers_and_authors_values():
     assert values['learning_rate'] * c.compress_lr_mult == pytest.approx(2.5e-4)               # learning_rate_ltm
     assert (values['grad_clip'], values['weight_decay'], values['warmup_iters']) == (1.0, 0.0, 0)
     import train
-    try:
-        train.TrainConfig(init_from='gpt2')
-    except ValueError:
-        pytest.skip("this train.py has no --init_from=gpt2 yet (branch gpt2 adds it)")
     config = ROOT / 'config' / 'compressive_gpt2_pg19.py'
     cfg, module, model_cfg, given = train.parse_args([str(config)])
     assert module.Config is type(model_cfg) and model_cfg.cmem_len == 512 and cfg.init_from == 'gpt2'

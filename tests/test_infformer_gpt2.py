@@ -84,7 +84,7 @@ def test_empty_ltm_gives_transformers_logits_and_a_full_one_changes_them(hf_and_
 
 
 def test_train_from_gpt2_dir_resumes_exactly_evaluates_and_samples(hf_and_ours, tmp_path):
-    """train.py --init_from=gpt2:DIR --model=infformer_gpt2 (pretrained.py, branch gpt2's loader): the checkpoint's
+    """train.py --init_from=gpt2:DIR --model=infformer_gpt2 (pretrained.py's loader): the checkpoint's
     GPT-2 part after a step at lr 0 is transformers' weights; 6 steps straight == 3, then a resume to 6 with the
     directory gone (bit-identical, dropout and sticky memories on); --eval_only; sample.py."""
     directory = tmp_path / 'gpt2'
