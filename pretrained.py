@@ -164,7 +164,8 @@ def load_weights(model, directory):
                 raise UserError(f"{path}: {k} has shape {tuple(tensor.shape)}{stored}, the model's is "
                                 f"{tuple(params[k].shape)}")
             params[k].copy_(tensor)
-    left = [k for k in params if k not in set(wanted)]
+    gpt2 = set(wanted)
+    left = [k for k in params if k not in gpt2]
     return len(wanted), left
 
 
