@@ -4,13 +4,17 @@ OpenAI's GPT-2 weights for the GPT-2 forms (model_gpt2.py and the memory forms b
 
     python train.py --model=gpt2 --init_from=gpt2 ...              # also gpt2-medium, gpt2-large, gpt2-xl
     python train.py --model=infformer_gpt2 --init_from=gpt2:DIR    # a directory holding model.safetensors, config.json
+    python train.py --model=infformer_gpt2 --init_from=gpt2:out-gpt2-demo   # or a GPT-2 that train.py made (ckpt.pt)
+    python pretrained.py export --out_dir=out-gpt2-demo --to=DIR  # ours in the hub format, for transformers' tools
 
 A hub name is looked up in the local Hugging Face cache first, then downloaded where the network is. The names are
 mapped here, with the safetensors package: transformers is never imported. config.json fixes the architecture
 (GPT2_FIELDS); a flag that contradicts it is an error. HF's GPT-2 uses Conv1D, which stores a weight as (in, out):
 our nn.Linear wants (out, in), so those four weights are transposed. Every GPT-2 tensor must be in the file and fit;
 a memory form's own parameters (other names) stay at their init and are listed in the log.
-Every failure is a UserError: one line, never a traceback.
+A GPT-2 trained here (train.py --model=gpt2) is a starting point too: gpt2:OUT_DIR reads OUT_DIR/ckpt.pt, whose
+parameter names are already the hub's, and export() writes it in the hub format (GPT2LMHeadModel.from_pretrained
+reads it). Every failure is a UserError: one line, never a traceback.
 """
 
 import dataclasses
@@ -66,14 +70,16 @@ def check_gpt2_form(model_name, module):
 
 
 def locate(init_from):
-    """The directory holding model.safetensors and config.json for --init_from (gpt2:DIR, or a hub name)."""
+    """The directory for --init_from: gpt2:DIR (the hub's files, or a train.py out_dir with ckpt.pt), or a hub name's
+    in the Hugging Face cache (downloaded where the network is)."""
     if init_from.startswith('gpt2:'):
         directory = Path(init_from[len('gpt2:'):]).expanduser()
         missing = [f for f in FILES if not (directory / f).is_file()]
-        if missing:
-            raise UserError(f"--init_from={init_from}: {directory} has no {' or '.join(missing)} (a GPT-2 in the "
-                            f"Hugging Face format: model.safetensors and config.json)")
-        return directory
+        if not missing or (directory / 'ckpt.pt').is_file():
+            return directory
+        raise UserError(f"--init_from={init_from}: {directory} has no {' or '.join(missing)} (a GPT-2 in the "
+                        f"Hugging Face format: model.safetensors and config.json), nor a ckpt.pt (the out_dir of "
+                        f"train.py --model=gpt2)")
     try:
         import huggingface_hub
     except ImportError:
@@ -95,7 +101,7 @@ def locate(init_from):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# The architecture (config.json) and the weights (model.safetensors)
+# The architecture (config.json) and the weights (model.safetensors), or both from a checkpoint of ours
 
 
 def read_gpt2_config(directory):
@@ -111,37 +117,69 @@ def read_gpt2_config(directory):
     return {k: hf[k] for k in GPT2_FIELDS}
 
 
-def configure(model_cfg, given, directory):
-    """model_cfg with config.json's architecture; a flag the user gave (given) that contradicts it is an error.
-    A seg_len the user did not give is cut to n_positions where it is longer (a small GPT-2)."""
-    hf = read_gpt2_config(directory)
-    if 'seg_len' not in given and isinstance(hf['n_positions'], int) and model_cfg.seg_len > hf['n_positions']:
-        hf['seg_len'] = hf['n_positions']
-    for k, value in hf.items():
-        if k in given and k != 'seg_len' and getattr(model_cfg, k) != value:
-            raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts {Path(directory) / 'config.json'} "
-                            f"({k}={value}): the pretrained weights fix it")
-    try:
-        return dataclasses.replace(model_cfg, **hf)
-    except (ValueError, TypeError) as e:
-        raise UserError(f"with {Path(directory) / 'config.json'}'s architecture: {e}") from None
-
-
-def load_weights(model, directory):
-    """Copy directory/model.safetensors into model's GPT-2 part. -> (tensors loaded, names left at init)"""
+def read_safetensors(path):
+    """The tensors of a model.safetensors, named as GPT2LMHeadModel names them, Conv1D weights (in, out)."""
     try:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
     except ImportError:
         raise UserError("--init_from=gpt2... needs the safetensors package (pip install safetensors)") from None
-    path = Path(directory) / 'model.safetensors'
     try:
         found = load_file(path)
     except (OSError, SafetensorError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
     # GPT2LMHeadModel's files name its tensors transformer.*, GPT2Model's (the hub's gpt2) without the prefix
-    found = {(k if k.startswith(('transformer.', 'lm_head.')) else 'transformer.' + k): v
-             for k, v in found.items() if not IGNORED.match(k)}
+    return {(k if k.startswith(('transformer.', 'lm_head.')) else 'transformer.' + k): v
+            for k, v in found.items() if not IGNORED.match(k)}
+
+
+def read_checkpoint(path):
+    """A GPT-2 that train.py made (--model=gpt2), as the hub holds one: -> (its model_config, its tensors named and
+    laid out as in a model.safetensors). Our parameter names are the hub's; nn.Linear's (out, in) weights are stored
+    transposed, as Conv1D's (in, out)."""
+    from runs import load_checkpoint                 # here: runs.py needs nothing of this module
+    ckpt = load_checkpoint(path)                     # a damaged file or one not ours: one line
+    if ckpt['model_name'] != 'gpt2':
+        raise UserError(f"{path} holds a {ckpt['model_name']!r} model, not GPT-2 alone (--model=gpt2): only a GPT-2 "
+                        f"is a starting point in the hub format")
+    tokenizer = ckpt.get('tokenizer', {}).get('tokenizer', 'gpt2')
+    if tokenizer != 'gpt2':
+        raise UserError(f"{path} was trained on {tokenizer} tokens, not GPT-2's BPE")
+    tensors = {k: v.t().contiguous() if k.endswith(CONV1D) else v for k, v in ckpt['model'].items()}
+    return dict(ckpt['model_config']), tensors
+
+
+def read_gpt2(directory):
+    """GPT-2's architecture and weights from a directory of locate(): -> ({GPT2_FIELDS}, tensors, the file read)"""
+    directory = Path(directory)
+    if all((directory / f).is_file() for f in FILES):
+        path = directory / 'model.safetensors'
+        return read_gpt2_config(directory), read_safetensors(path), path
+    path = directory / 'ckpt.pt'
+    config, tensors = read_checkpoint(path)
+    return {k: config[k] for k in GPT2_FIELDS}, tensors, path
+
+
+def configure(model_cfg, given, hf, source):
+    """model_cfg with GPT-2's architecture hf ({GPT2_FIELDS}, read from source); a flag the user gave (given) that
+    contradicts it is an error. A seg_len the user did not give is cut to n_positions where it is longer."""
+    hf = dict(hf)
+    if 'seg_len' not in given and isinstance(hf['n_positions'], int) and model_cfg.seg_len > hf['n_positions']:
+        hf['seg_len'] = hf['n_positions']
+    for k, value in hf.items():
+        if k in given and k != 'seg_len' and getattr(model_cfg, k) != value:
+            raise UserError(f"--{k}={getattr(model_cfg, k)} contradicts {source} ({k}={value}): the pretrained "
+                            f"weights fix it")
+    try:
+        return dataclasses.replace(model_cfg, **hf)
+    except (ValueError, TypeError) as e:
+        raise UserError(f"with {source}'s architecture: {e}") from None
+
+
+def load_weights(model, found, path):
+    """Copy GPT-2's tensors found (read from path, laid out as the hub's) into model's GPT-2 part.
+    -> (tensors loaded, names left at init)"""
+    found = dict(found)
     params = dict(model.named_parameters(remove_duplicate=False))
     wanted = gpt2_names(model.config.n_layer)
     head = found.pop('lm_head.weight', None)                   # tied to wte: files often leave it out
@@ -173,10 +211,83 @@ def init_from_gpt2(init_from, model_name, module, model_cfg, given):
     """The model of --init_from=gpt2... : config.json's architecture, GPT-2's weights, the rest at init.
     -> (model_cfg, model, one line for the log)"""
     check_gpt2_form(model_name, module)
-    directory = locate(init_from)
-    model_cfg = configure(model_cfg, given, directory)
+    hf, tensors, path = read_gpt2(locate(init_from))
+    model_cfg = configure(model_cfg, given, hf, path.parent / 'config.json' if path.suffix == '.safetensors' else path)
     model = module.Model(model_cfg)
-    n, left = load_weights(model, directory)
+    n, left = load_weights(model, tensors, path)
     left = list(dict.fromkeys(re.sub(r'\.h\.\d+\.', '.h.*.', k) for k in left))   # one name for every layer's
     note = f"; left at init: {', '.join(left)}" if left else ""
-    return model_cfg, model, f"loaded GPT-2 weights from {directory} ({n} tensors){note}"
+    return model_cfg, model, f"loaded GPT-2 weights from {path} ({n} tensors){note}"
+
+
+# -----------------------------------------------------------------------------------------------------------
+# Ours in the hub format: python pretrained.py export --out_dir=OUT --to=DIR
+
+
+@dataclasses.dataclass
+class ExportConfig:
+    out_dir: str = 'out-gpt2-demo'     # a train.py --model=gpt2 run
+    checkpoint: str = 'ckpt.pt'        # which of its checkpoints: ckpt.pt (the last) or best.pt
+    to: str = ''                       # the directory to write config.json and model.safetensors into
+    overwrite: bool = False            # replace the files of an earlier export in `to`
+
+
+def hub_config(model_config):
+    """config.json for transformers' GPT2LMHeadModel: GPT2Config's names, and what our model_gpt2.py fixes (tanh
+    GELU, tied embeddings, 1/sqrt(d_head) attention scale, GPT-2's end-of-text token)."""
+    return {'architectures': ['GPT2LMHeadModel'], 'model_type': 'gpt2',
+            **{k: model_config[k] for k in GPT2_FIELDS}, 'n_inner': None, 'activation_function': 'gelu_new',
+            'resid_pdrop': model_config['dropout'], 'embd_pdrop': model_config['dropout'],
+            'attn_pdrop': model_config['dropout'], 'initializer_range': model_config['init_std'],
+            'scale_attn_weights': True, 'tie_word_embeddings': True, 'bos_token_id': 50256, 'eos_token_id': 50256}
+
+
+def export(out_dir, to, checkpoint='ckpt.pt', overwrite=False):
+    """Write out_dir/checkpoint (a GPT-2 of train.py) to `to` as config.json + model.safetensors, each file written
+    whole or not at all. -> the two paths"""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise UserError("export needs the safetensors package (pip install safetensors)") from None
+    if not to:
+        raise UserError("export needs --to=DIR, the directory to write config.json and model.safetensors into")
+    config, tensors = read_checkpoint(Path(out_dir) / checkpoint)
+    tensors = {k: v.contiguous() for k, v in tensors.items() if k in set(gpt2_names(config['n_layer'])[:-1])}
+    directory = Path(to).expanduser()
+    paths = [directory / f for f in FILES]
+    there = [p.name for p in paths if p.exists()]
+    if there and not overwrite:
+        raise UserError(f"{directory} already holds {' and '.join(there)}; --overwrite=True replaces them")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            tmp = path.with_name(path.name + '.tmp')
+            if path.suffix == '.safetensors':        # lm_head.weight is wte's: left out, as save_pretrained does
+                save_file(tensors, tmp, metadata={'format': 'pt'})
+            else:
+                tmp.write_text(json.dumps(hub_config(config), indent=2) + '\n')
+            tmp.replace(path)
+    except OSError as e:
+        raise UserError(f"cannot write {directory}: {e.strerror or e}") from None
+    return paths
+
+
+def main(argv=None):
+    """python pretrained.py export --out_dir=OUT --to=DIR (--help lists the flags)."""
+    import sys
+
+    import configurator
+
+    def go(argv):
+        if not argv or argv[0] != 'export':
+            raise UserError("usage: python pretrained.py export --out_dir=OUT_DIR --to=DIR (--help for the flags)")
+        cfg = configurator.parse_args(argv[1:], ExportConfig, allow_model_fields=False)[0]
+        for path in export(cfg.out_dir, cfg.to, cfg.checkpoint, cfg.overwrite):
+            print(f"wrote {path}")
+        print(f"transformers: GPT2LMHeadModel.from_pretrained({str(Path(cfg.to).expanduser())!r}); nanomem: "
+              f"--init_from=gpt2:{cfg.to}")
+    configurator.run_cli(go, sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == '__main__':
+    main()

@@ -56,7 +56,8 @@ from runs import (CKPT_FORMAT, MODEL_KEYS, RESUME_KEYS, JsonLog, OutDir, Run, St
 @dataclass
 class TrainConfig:
     # what to train, on what, and where it goes
-    model: str = 'xl'                  # model_<model>.py: xl, lamemo, compressive, infini, infformer, gpt2; or lab/'s
+    model: str = 'xl'                  # model_<model>.py: xl, lamemo, compressive, infini, infformer; gpt2 and its
+                                       # memory forms infformer_gpt2, compressive_gpt2, infini_gpt2; or lab/'s
     dataset: str = 'gutenberg'         # data/<dataset>/ made by data/<dataset>/prepare.py
     data_dir: str = ''                 # '' = data/<dataset>
     out_dir: str = 'out'               # ckpt.pt (last), best.pt, log.jsonl

@@ -104,6 +104,28 @@ BYTE_ABLATIONS = {'xl_nomem': ('xl', ['--eval_mem_len=0']),
 BYTE_BUCKETS = '128,256,640,2048,8192'
 
 
+# The papers' recipe (--suite=gpt2): a pretrained LM gets a memory and is fine-tuned. GPT-2 alone is pretrained once
+# (config/gpt2_demo.py, in OUT_ROOT/pretrain), then every GPT-2 form starts from it (--init_from=gpt2:OUT_ROOT/pretrain)
+# and is fine-tuned with the same data, steps and learning rate (config/*_gpt2_demo.py, 300 steps at 5e-5):
+# - gpt2: GPT-2 alone fine-tuned the same way (the control every form is compared with);
+# - gpt2_2x4: GPT-2 alone fed as Infini-attention is (2 streams x 4 segments a step): Infini's matched control.
+# GPT2_EVALS: the same checkpoints evaluated by train.py --eval_only with their memory emptied before every segment
+# (what the fine-tuned weights are worth without the memory). Not read by position: add GPT2_ABLATIONS entries such as
+# 'infformer_emptied': ('infformer', ['--reset_every=1']) for that (each reads every document once more).
+GPT2_VARIANTS = {
+    'gpt2': ('config/gpt2_finetune_demo.py', []),
+    'infformer': ('config/infformer_gpt2_demo.py', []),
+    'infformer_sticky': ('config/infformer_gpt2_demo.py', ['--sticky=True']),
+    'compressive': ('config/compressive_gpt2_demo.py', []),
+    'infini_linear': ('config/infini_gpt2_demo.py', []),
+    'infini_delta': ('config/infini_gpt2_demo.py', ['--memory_update=delta']),
+    'gpt2_2x4': ('config/gpt2_finetune_demo.py', ['--batch_size=2', '--bptt_segments=4', '--reset_every=4']),
+}
+GPT2_MEMORIES = ('infformer', 'infformer_sticky', 'compressive', 'infini_linear', 'infini_delta')
+GPT2_EVALS = {f'{v}_emptied': (v, ['--eval_reset_memory=True']) for v in GPT2_MEMORIES}
+GPT2_ABLATIONS = {}
+
+
 @dataclasses.dataclass(frozen=True)
 class Suite:
     variants: dict     # label -> (config file, extra train.py flags)
@@ -113,16 +135,23 @@ class Suite:
     buckets: str       # bench/longdoc.py --buckets
     out_root: str      # default OUT_ROOT
     name: str          # default results name
+    baseline: str = 'baseline'   # the label the others are compared with
+    pretrain: str = ''           # a config trained once, first, into OUT_ROOT/pretrain: every variant starts from it
+    evals: dict = None           # label -> (variant, train.py flags): the checkpoints evaluated otherwise (--eval_only)
+    segment_buckets: str = ''    # also longdoc by position in the segment (--position=segment) with these buckets
 
 
 SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4096', 'out-demos', ''),
           'bytes': Suite(BYTE_VARIANTS, ('compressive',), BYTE_MATCHED, BYTE_ABLATIONS, BYTE_BUCKETS,
-                         'out-demos-bytes', 'bytes')}
+                         'out-demos-bytes', 'bytes'),
+          'gpt2': Suite(GPT2_VARIANTS, (), {'gpt2_2x4': ('infini_linear', 'infini_delta')}, GPT2_ABLATIONS,
+                        '64,256,1024,4096', 'out-demos-gpt2', 'gpt2', baseline='gpt2', pretrain='config/gpt2_demo.py',
+                        evals=GPT2_EVALS, segment_buckets='4,16,32')}
 
 
 @dataclasses.dataclass
 class DemosConfig:
-    suite: str = 'tokens'             # tokens (the GPT-2-token demos) or bytes (BYTE_VARIANTS)
+    suite: str = 'tokens'             # tokens (the GPT-2-token demos), bytes (BYTE_VARIANTS) or gpt2 (the recipe)
     variants: str = ''                # labels of the suite, comma-separated ('' = all but the controls, 'all')
     seeds: str = '1,2,3'
     out_root: str = ''                # runs in OUT_ROOT/LABEL/seedS ('' = out-demos, out-demos-bytes)
@@ -186,12 +215,65 @@ def is_done(cfg, label, seed):
     return record is not None and record['step'] >= max_iters(cfg, label)
 
 
+def pretrain_dir(cfg):
+    return Path(cfg.out_root) / 'pretrain'
+
+
+def pretrain_done(cfg):
+    """Has the suite's pretraining finished (its log has the evaluation at its max_iters)?"""
+    record = final_eval(pretrain_dir(cfg))
+    tcfg = train.parse_args([str(common.REPO / cfg.table.pretrain), *shlex.split(cfg.overrides)])[0]
+    return record is not None and record['step'] >= tcfg.max_iters
+
+
+def pretrain_command(cfg):
+    out = pretrain_dir(cfg)
+    resume = ['--init_from=resume'] if (out / 'ckpt.pt').exists() else []
+    return ['train.py', cfg.table.pretrain, f'--out_dir={out}', '--always_save_checkpoint=True', *resume,
+            *shlex.split(cfg.overrides)]
+
+
 def command(cfg, label, seed):
     config, flags = cfg.table.variants[label]
     out = run_dir(cfg, label, seed)
-    resume = ['--init_from=resume'] if (out / 'ckpt.pt').exists() else []
+    start = [f'--init_from=gpt2:{pretrain_dir(cfg)}'] if cfg.table.pretrain else []   # the suite's pretrained LM
+    resume = ['--init_from=resume'] if (out / 'ckpt.pt').exists() else start
     return ['train.py', config, f'--seed={seed}', f'--out_dir={out}',
             '--always_save_checkpoint=True', *flags, *resume, *shlex.split(cfg.overrides)]
+
+
+def eval_command(cfg, label, seed):
+    """train.py --eval_only on a finished run of the variant, with the flags of cfg.table.evals[label]."""
+    variant, flags = cfg.table.evals[label]
+    config, train_flags = cfg.table.variants[variant]
+    return ['train.py', config, *train_flags, f'--out_dir={run_dir(cfg, variant, seed)}', '--init_from=resume',
+            '--eval_only=True', *flags, *shlex.split(cfg.overrides)]
+
+
+def evaluate_otherwise(cfg, labels, seeds):
+    """{label: {'seeds': {seed: loss}, 'mean', 'std', 'command'}} of cfg.table.evals for the variants in labels,
+    each read from (or, the first time, written to) RUN/eval_LABEL.json, train.py --eval_only's JSON line."""
+    out = {}
+    for label, (variant, _) in (cfg.table.evals or {}).items():
+        if variant not in labels:
+            continue
+        losses = {}
+        for s in seeds:
+            if not is_done(cfg, variant, s):
+                continue
+            path = run_dir(cfg, variant, s) / f'eval_{label}.json'
+            if not path.exists():
+                cmd = eval_command(cfg, label, s)
+                print('python', shlex.join(cmd), flush=True)
+                proc = subprocess.run([sys.executable, *cmd], cwd=common.REPO, capture_output=True, text=True)
+                if proc.returncode:
+                    raise train.UserError(f"{label} seed {s}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+                path.write_text(proc.stdout.strip().splitlines()[-1] + '\n')
+            losses[s] = json.loads(path.read_text())['validation/loss']
+        values = list(losses.values())
+        out[label] = {'seeds': losses, 'mean': sum(values) / len(values) if values else None,
+                      'std': longdoc.std(values), 'command': ' '.join(['python', *eval_command(cfg, label, '{seed}')])}
+    return out
 
 
 def launch(cmd, threads, log_path):
@@ -205,6 +287,12 @@ def launch(cmd, threads, log_path):
 def train_all(cfg, labels, seeds):
     todo = [(label, s) for s in seeds for label in labels if not is_done(cfg, label, s)]   # seed by seed
     threads = cfg.threads or max(1, (os.cpu_count() or 1) // cfg.jobs)
+    if cfg.table.pretrain and not pretrain_done(cfg):           # once, on every core, before anything starts from it
+        print('python', shlex.join(pretrain_command(cfg)), flush=True)
+        if not cfg.dry_run:
+            code = launch(pretrain_command(cfg), os.cpu_count() or 1, pretrain_dir(cfg) / 'train.out')
+            if code or not pretrain_done(cfg):
+                raise train.UserError(f"the pretraining stopped (exit {code}): see {pretrain_dir(cfg) / 'train.out'}")
     for label, s in todo:
         print('python', shlex.join(command(cfg, label, s)))
     if cfg.dry_run or not todo:
@@ -269,17 +357,30 @@ def main(argv=None):
             spread = f" +- {r['std']:.4f}" if r['std'] is not None else ''
             mean = f"{r['mean']:.4f}" if r['mean'] is not None else 'no finished run'
             print(f"  {label:20s} {mean}{spread}   ({len(r['seeds'])} seeds)")
+        payload = {'runs': result}
+        if cfg.table.pretrain:                           # the starting point, and the fine-tuned weights otherwise
+            record = final_eval(pretrain_dir(cfg))
+            payload['pretrained'] = {'validation/loss': record and record['validation/loss'],
+                                     'command': ' '.join(['python', *pretrain_command(cfg)])}
+            payload['evals'] = evaluate_otherwise(cfg, labels, seeds)
+            print(f"  {'pretrained (step 0)':20s} {longdoc.fmt(payload['pretrained']['validation/loss'])}")
+            for label, r in payload['evals'].items():
+                print(f"  {label:20s} {longdoc.fmt(r['mean'])} +- {longdoc.fmt(r['std'])}   ({len(r['seeds'])} seeds)")
         suffix, results = (f'_{cfg.name}' if cfg.name else ''), Path(cfg.results or common.RESULTS)
-        common.write_json(results / f'demos{suffix}.json', {'runs': result}, 'bench/demos.py', argv)
+        common.write_json(results / f'demos{suffix}.json', payload, 'bench/demos.py', argv)
         done = {label: [str(run_dir(cfg, label, s)) for s in seeds if is_done(cfg, label, s)] for label in labels}
         groups = {label: f"{label}:{','.join(dirs)}" for label, dirs in done.items() if dirs}   # longdoc --runs
+        base = [f'--baseline={cfg.table.baseline}'] if cfg.table.baseline in groups else []
 
-        def longdoc_to(name, runs, *flags):              # -> longdoc_demos[_NAME]{name}.json
-            longdoc.main([f"--runs={';'.join(runs)}", *flags, f'--split={cfg.split}', f'--buckets={cfg.table.buckets}',
+        def longdoc_to(name, runs, *flags, buckets=cfg.table.buckets):   # -> longdoc_demos[_NAME]{name}.json
+            longdoc.main([f"--runs={';'.join(runs)}", *flags, f'--split={cfg.split}', f'--buckets={buckets}',
                           f'--out={results / f"longdoc_demos{suffix}{name}.json"}'])
 
         if cfg.longdoc and groups:
-            longdoc_to('', groups.values(), *(['--baseline=baseline'] if 'baseline' in groups else []))
+            longdoc_to('', groups.values(), *base)
+            if cfg.table.segment_buckets:                # the same tokens by their index in their segment
+                longdoc_to('_segment', groups.values(), *base, '--position=segment',
+                           buckets=cfg.table.segment_buckets)
             for control, others in cfg.table.matched.items():   # the same comparison against a matched control
                 here = [groups[x] for x in (control, *others) if x in groups]
                 if control in groups and len(here) > 1:

@@ -93,6 +93,8 @@ class LongDocConfig:
     split: str = 'validation'         # validation, test, or validation,test (the documents of both)
     data_dir: str = ''                # '' = the data the checkpoints were trained on
     buckets: str = '64,256,1024,4096'  # bucket edges of the position in the document
+    position: str = 'document'        # what the buckets count: the position in the document, or (segment) the index
+                                      # of the predicted token's input in its segment, 0 ... seg_len - 1
     max_tokens_per_doc: int = 0       # read only the first N tokens of every document; 0 = the whole document
     max_docs: int = 0                 # only the first N documents of the split(s); 0 = all
     batch_size: int = 8               # documents read in parallel (rows)
@@ -120,6 +122,8 @@ class LongDocConfig:
             raise ValueError(f"eval_mem_len must be >= 0 (or -1 for mem_len), got {self.eval_mem_len}")
         if self.reset_every < -1:
             raise ValueError(f"reset_every must be >= 0 (or -1 for the run's training value), got {self.reset_every}")
+        if self.position not in ('document', 'segment'):
+            raise ValueError(f"position must be document or segment, got {self.position!r}")
         if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         for s in self.split.split(','):
@@ -340,12 +344,15 @@ def document_nll(model, docs_tokens, seg_len, batch_size, device, ctx=None, prog
 # Statistics
 
 
-def bucket_sums(nlls, docs_tokens, edges, byte_lengths=None):
-    """Per document and bucket: summed NLL, token count, byte count. -> three (D, K) float64 arrays (K = buckets)"""
+def bucket_sums(nlls, docs_tokens, edges, byte_lengths=None, seg_len=0):
+    """Per document and bucket: summed NLL, token count, byte count. -> three (D, K) float64 arrays (K = buckets)
+    seg_len > 0: bucket by the index in its segment of the input that predicts the token, (p - 1) mod seg_len (every
+    document starts a segment), instead of the position p in the document."""
     K = len(edges) + 1
     S, N, Y = (np.zeros((len(nlls), K)) for _ in range(3))
     for d, (nll, tokens) in enumerate(zip(nlls, docs_tokens)):
         pos = np.arange(1, len(nll) + 1)
+        pos = (pos - 1) % seg_len if seg_len else pos
         k = np.searchsorted(edges, pos, side='right')
         S[d] = np.bincount(k, weights=nll, minlength=K)
         N[d] = np.bincount(k, minlength=K)
@@ -420,9 +427,12 @@ def difference(label_S, base_S, N, Y, label_rows, base_rows, n_label, n_base, un
     return rows
 
 
-def midpoints(edges, max_position):
+def midpoints(edges, max_position, position='document'):
     """Geometric midpoints of the buckets' positions (the first starts at 1, the last ends at the largest
-    position read), for the log-position plot."""
+    position read), for the log-position plot; by position in the segment, the middle index of each bucket."""
+    if position == 'segment':
+        bounds = [0] + list(edges) + [max_position + 1]
+        return [(a + b - 1) / 2 for a, b in zip(bounds, bounds[1:])]
     bounds = [1] + list(edges) + [max_position + 1]
     return [math.sqrt(max(a, 1) * max(b, a + 1)) for a, b in zip(bounds, bounds[1:])]
 
@@ -466,20 +476,23 @@ def plot_result(result, path):
     import plot
     plt = plot._plt()
     x, baseline = result['midpoints'], result['baseline']
+    by_segment = result['config'].get('position') == 'segment'
+    where, scale = ('index in the segment', 'linear') if by_segment else ('position in the document', 'log')
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     n = len(result['labels'])
     for i, (label, lab) in enumerate(result['labels'].items()):
         rows = lab['buckets']
         keep = [k for k, r in enumerate(rows) if r['nll'] is not None]
-        dodge = [x[k] * 1.04 ** (i - (n - 1) / 2) for k in keep]        # side by side, so the error bars show
+        dodge = [x[k] * 1.04 ** (i - (n - 1) / 2) if not by_segment else x[k] + 0.3 * (i - (n - 1) / 2)
+                 for k in keep]                                     # side by side, so the error bars show
         a.errorbar(dodge, [rows[k]['nll'] for k in keep],
                    yerr=[rows[k]['nll_se'] or 0 for k in keep], marker='o', capsize=3, label=label)
         b.errorbar(dodge, [rows[k]['diff_nll'] for k in keep],
                    yerr=[rows[k]['diff_nll_se_total'] or 0 for k in keep], marker='o', capsize=3, label=label)
-    a.set(xscale='log', xlabel='position in the document (bucket midpoint)', ylabel='NLL per token (nats)',
+    a.set(xscale=scale, xlabel=f'{where} (bucket midpoint)', ylabel='NLL per token (nats)',
           title=f"loss by position ({result['split']}, {len(result['documents'])} documents)")
     b.axhline(0, color='grey', lw=0.8)
-    b.set(xscale='log', xlabel='position in the document (bucket midpoint)', ylabel=f'NLL − {baseline} (nats)',
+    b.set(xscale=scale, xlabel=f'{where} (bucket midpoint)', ylabel=f'NLL − {baseline} (nats)',
           title=f'difference to {baseline} (± s.e., documents and seeds)')
     for ax in (a, b):
         ax.legend()
@@ -530,7 +543,11 @@ def evaluate(cfg, labels, device, device_type, dtype):
                 nlls = document_nll(model, docs.tokens, config.seg_len, cfg.batch_size, device,
                                     train.autocast_context(device_type, dtype), progress, reset_every)
                 write_cache(cache, nlls)
-            sums = bucket_sums(nlls, docs.tokens, edges, docs.byte_lengths)
+            if cfg.position == 'segment' and edges and edges[-1] >= config.seg_len:
+                raise train.UserError(f"--buckets={cfg.buckets}: by position in the segment every edge must be below "
+                                      f"seg_len ({config.seg_len} in {path})")
+            sums = bucket_sums(nlls, docs.tokens, edges, docs.byte_lengths,
+                               config.seg_len if cfg.position == 'segment' else 0)
             runs[run] = dict(label=label, checkpoint=str(path), model=ckpt['model_name'], step=ckpt.get('step'),
                              seg_len=config.seg_len, mem_len=getattr(config, 'mem_len', None),
                              reset_every=reset_every, sums=sums)
@@ -628,9 +645,11 @@ def build_result(cfg, labels, docs, edges, runs):
                                      for name, r in zip(bucket_names(edges), rows)],
                          'doc_nll_sums': S.tolist()}
     max_position = max(len(t) for t in docs.tokens) - 1
+    if cfg.position == 'segment':
+        max_position = max(info.get('seg_len') or 0 for info in runs.values()) - 1
     return {'config': dataclasses.asdict(cfg), 'data_dir': str(docs.data_dir), 'split': docs.split, 'unit': unit,
             'baseline': baseline, 'bucket_edges': edges, 'bucket_names': bucket_names(edges),
-            'midpoints': midpoints(edges, max_position),
+            'midpoints': midpoints(edges, max_position, cfg.position),
             'documents': [{'split': s, 'index': i, 'start': a, 'length': n, 'read': len(t)}
                           for (s, i, a, n), t in zip(docs.sources, docs.tokens)],
             'doc_tokens': N.tolist(), 'doc_bytes': Y.tolist() if unit else None,

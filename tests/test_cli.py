@@ -92,6 +92,10 @@ def test_train_help_lists_train_then_model_flags(flag, capsys):
     # a comment continued on the next line is joined, and a section comment heads its fields
     assert "(Infini-attention's paper: each input of 16 segments starts fresh); 0 = never" in out
     assert '# what to train, on what, and where it goes' in out
+    line = next(x for x in out.splitlines() if x.lstrip().startswith('--model='))
+    for name in configurator.available_models():              # every model file of the repository root is named
+        if (configurator.REPO / f'model_{name}.py').exists():
+            assert name in re.findall(r'\w+', line.split('model_<model>.py:')[1]), (name, line)
 
 
 def test_help_shows_the_chosen_models_flags(capsys):

@@ -145,3 +145,25 @@ def test_infini_gpt2_pg19_continues_gpt2_with_inputs_of_two_segments_as_the_pape
     assert 'torchrun --nproc_per_node=8 train.py config/infini_gpt2_pg19.py' in docstring(config)
     assert 8 * cfg.batch_size * cfg.gradient_accumulation_steps == 64
     assert (cfg.max_iters, cfg.warmup_iters) == (30000, 1000)
+
+
+def test_the_recipes_forms_are_fine_tuned_alike_from_the_demo_gpt2():
+    """config/*_gpt2_demo.py: every form starts from config/gpt2_demo.py's out_dir and is fine-tuned with the same data,
+    tokens a step, steps, schedule and evaluation; only the memory (and Infini's feeding) differ."""
+    pre, _, pre_model, _ = train.parse_args([str(ROOT / 'config' / 'gpt2_demo.py')])
+    assert pre.model == 'gpt2' and pre_model.seg_len <= pre_model.n_positions
+    shared = ('dataset', 'init_from', 'learning_rate', 'min_lr', 'warmup_iters', 'weight_decay', 'beta1', 'beta2',
+              'grad_clip', 'max_iters', 'eval_interval', 'eval_tokens', 'eval_batch_size', 'seed')
+    seen = {}
+    for form in ('gpt2_finetune', 'infformer_gpt2', 'compressive_gpt2', 'infini_gpt2'):
+        cfg, _, model_cfg, given = train.parse_args([str(ROOT / 'config' / f'{form}_demo.py')])
+        assert cfg.init_from == f'gpt2:{pre.out_dir}' and cfg.dataset == pre.dataset
+        assert model_cfg.seg_len == pre_model.seg_len and model_cfg.dropout == pre_model.dropout
+        assert cfg.batch_size * cfg.bptt_segments * model_cfg.seg_len == pre.batch_size * pre_model.seg_len
+        assert not given & {'n_layer', 'n_head', 'n_embd', 'vocab_size', 'n_positions'}   # the checkpoint's
+        seen[form] = (tuple(getattr(cfg, k) for k in shared), cfg, model_cfg)
+    assert len({values for values, _, _ in seen.values()}) == 1
+    assert seen['infformer_gpt2'][2].ltm_lr_multiplier == 5.0             # the authors' LTM rate over GPT-2's
+    assert seen['compressive_gpt2'][2].cmem_len == seen['infformer_gpt2'][2].n_basis   # the paper's equal budgets
+    infini = seen['infini_gpt2'][1]
+    assert infini.bptt_segments == infini.reset_every == 4 and infini.batch_size == 2   # as its paper trains

@@ -54,6 +54,32 @@ def test_commands(tmp_path):
     assert cfg(tmp_path).variants.split(',')[:2] == ['baseline', 'xl'] and c.name == ''
 
 
+def test_gpt2_suite(tmp_path):
+    """--suite=gpt2 (the papers' recipe): every form starts from the suite's pretrained GPT-2 unless it resumes, the
+    pretraining's own command resumes too, and the emptied-memory evaluations read each finished run's checkpoint."""
+    c = demos.DemosConfig(suite='gpt2', out_root=str(tmp_path / 'runs'), overrides=' --max_iters=5')
+    assert c.name == 'gpt2' and c.table.baseline == 'gpt2' and 'gpt2_2x4' in c.variants.split(',')
+    assert demos.pretrain_command(c) == ['train.py', 'config/gpt2_demo.py', f'--out_dir={tmp_path}/runs/pretrain',
+                                         '--always_save_checkpoint=True', '--max_iters=5']
+    cmd = demos.command(c, 'infformer_sticky', 2)
+    assert cmd[1] == 'config/infformer_gpt2_demo.py' and '--sticky=True' in cmd
+    assert f'--init_from=gpt2:{tmp_path}/runs/pretrain' in cmd and cmd[-1] == '--max_iters=5'
+    run = tmp_path / 'runs' / 'infformer_sticky' / 'seed2'
+    run.mkdir(parents=True)
+    (run / 'ckpt.pt').write_bytes(b'')
+    cmd = demos.command(c, 'infformer_sticky', 2)
+    assert '--init_from=resume' in cmd and not any(f.startswith('--init_from=gpt2') for f in cmd)
+    ev = demos.eval_command(c, 'infformer_sticky_emptied', 2)
+    assert ev[:3] == ['train.py', 'config/infformer_gpt2_demo.py', '--sticky=True']
+    assert {f'--out_dir={run}', '--init_from=resume', '--eval_only=True', '--eval_reset_memory=True'} <= set(ev)
+    assert set(demos.GPT2_EVALS) == {f'{v}_emptied' for v in demos.GPT2_VARIANTS if not v.startswith('gpt2')}
+    for label, (config, _) in demos.GPT2_VARIANTS.items():
+        assert (demos.common.REPO / config).exists(), label
+    assert not demos.pretrain_done(c)
+    fake_log(tmp_path / 'runs' / 'pretrain', [(5, 6.0)])
+    assert demos.pretrain_done(c)
+
+
 def test_byte_suite(tmp_path):
     """--suite=bytes: its own variants (same segment and schedule for each), out_root, results name and buckets."""
     c = demos.DemosConfig(suite='bytes')

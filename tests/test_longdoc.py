@@ -160,6 +160,16 @@ def test_bucket_means_and_standard_errors_by_hand():
     assert rows[2]['documents'] == 1 and rows[0]['nll_seed_std'] is None
 
 
+def test_position_in_the_segment():
+    """seg_len 4: the input of position p sits at index (p - 1) mod 4 of its segment (every document starts one)."""
+    nlls = [np.arange(1., 11), np.array([5., 7])]                       # positions 1..10 and 1..2
+    tokens = [np.zeros(11, dtype=int), np.zeros(3, dtype=int)]
+    S, N, _ = longdoc.bucket_sums(nlls, tokens, [1, 3], seg_len=4)     # [0,1) [1,3) [3,4)
+    np.testing.assert_array_equal(N, [[3, 5, 2], [1, 1, 0]])
+    np.testing.assert_array_equal(S, [[1 + 5 + 9, 2 + 3 + 6 + 7 + 10, 4 + 8], [5, 7, 0]])
+    assert longdoc.midpoints([1, 3], 3, 'segment') == [0, 1.5, 3]
+
+
 def test_equal_token_counts_give_the_standard_error_of_the_document_means():
     rng = np.random.default_rng(0)
     S, N = rng.random((7, 1)) * 10, np.full((7, 1), 5.0)
@@ -264,6 +274,25 @@ def test_end_to_end_on_checkpoints(runs, tmp_path, capsys):
     assert 'difference to base' in printed and '[0,4)' in printed and 'bpc' in printed
     pytest.importorskip('matplotlib')
     assert path.with_suffix('.png').stat().st_size > 1000
+
+
+def test_by_position_in_the_segment_reads_the_same_tokens(runs, tmp_path):
+    """--position=segment buckets the same per-token NLLs (from the cache) by their index in the segment."""
+    data, out = runs
+    seg_len = train.load_checkpoint(out['xl'][0] / 'ckpt.pt')['model_config']['seg_len']
+    common = [f"--runs=xl:{out['xl'][0]}", f"--runs=base:{out['base'][0]}", '--device=cpu', '--plot=False']
+    longdoc.main(common + ['--buckets=4,16,64', f'--out={tmp_path / "d.json"}'])
+    longdoc.main(common + ['--position=segment', '--buckets=1', f'--out={tmp_path / "s.json"}'])
+    by_doc, by_seg = (json.loads((tmp_path / f).read_text()) for f in ('d.json', 's.json'))
+    first, rest = by_seg['labels']['xl']['buckets']
+    lengths = [len(t.encode()) + 1 for t in HELD_OUT]
+    assert first['tokens'] == sum(-(-(n - 1) // seg_len) for n in lengths)          # one a segment
+    assert first['tokens'] + rest['tokens'] == sum(b['tokens'] for b in by_doc['labels']['xl']['buckets'])
+    total = lambda r: sum(b['nll'] * b['tokens'] for b in r['labels']['xl']['buckets'])
+    assert total(by_seg) == pytest.approx(total(by_doc))
+    assert by_seg['midpoints'] == [0, seg_len / 2]
+    with pytest.raises(SystemExit):
+        longdoc.main(common + ['--position=segment', f'--buckets={seg_len}', f'--out={tmp_path / "x.json"}'])
 
 
 def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_path, capsys):
