@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install install-test data demo test clean
+.PHONY: install install-test data demo test fix-copies clean
 
 # torch: keep an installed one; otherwise the CPU wheel where there is no GPU (a plain `pip install torch`
 # pulls a multi-GB CUDA build), and the default CUDA build where nvidia-smi sees a GPU.
@@ -26,6 +26,10 @@ demo: data
 
 test: install-test
 	$(PYTHON) -m pytest -q tests lab/tests
+
+# after a change to a block other model files copy (`# Copied from`): rewrite the copies from it (tests/_copies.py)
+fix-copies:
+	$(PYTHON) tests/_copies.py --fix
 
 clean:
 	rm -rf out-demo

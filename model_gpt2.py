@@ -62,7 +62,6 @@ class Memory:
     length: torch.Tensor  # (B,) int64, tokens read since the row was last emptied
 
 
-# Copied from model_gpt2.py (OpenSegment)
 @dataclass
 class OpenSegment:
     """generate()'s segment, from its first token until decode() closes it, in buffers of fixed shape (forward() takes
@@ -77,7 +76,6 @@ class OpenSegment:
 # -----------------------------------------------------------------------------------------------------------
 # GPT-2's blocks, which the memory forms copy (tests/test_copies.py keeps them identical)
 
-# Copied from model_gpt2.py (MLP)
 class MLP(nn.Module):
     """GPT-2's feed-forward: C -> 4C, GELU (its tanh approximation, HF's gelu_new), -> C, dropout."""
 
@@ -95,7 +93,6 @@ class CausalSelfAttention(nn.Module):
     """GPT-2's multi-head attention: one projection c_attn to queries, keys and values, softmax(q kᵀ/√D) v, the
     heads merged and projected back by c_proj."""
 
-    # Copied from model_gpt2.py (CausalSelfAttention.__init__)
     def __init__(self, config):
         super().__init__()
         self.n_head, self.d_head = config.n_head, config.n_embd // config.n_head
@@ -104,20 +101,17 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout_p = config.dropout                        # on the attention probabilities
         self.resid_dropout = nn.Dropout(config.dropout)
 
-    # Copied from model_gpt2.py (CausalSelfAttention.query_key_value)
     def query_key_value(self, x):
         """Queries, keys and values (B, H, T, D) of the layer's normalised input x (B, T, C)."""
         B, T, C = x.shape
         qkv = self.c_attn(x).view(B, T, 3, self.n_head, self.d_head)
         return qkv.permute(2, 0, 3, 1, 4).unbind(0)                 # q, k, v: each (B, H, T, D)
 
-    # Copied from model_gpt2.py (CausalSelfAttention.output)
     def output(self, y):
         """The heads' outputs y (B, H, T, D) merged and projected: the attention's contribution (B, T, C)."""
         B, H, T, D = y.shape
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, H * D)))
 
-    # Copied from model_gpt2.py (CausalSelfAttention.forward)
     def forward(self, x, attn_mask=None, cache=None):
         """x (B, T, C): the layer's normalised input; cache: None, or keys, values (B, H, S, D) of S earlier slots;
         attn_mask: None (causal over the T keys), or (B, 1, T, S + T) bool, the keys each query sees.
@@ -133,7 +127,6 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     """GPT-2's pre-LN block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
-    # Copied from model_gpt2.py (Block.__init__)
     def __init__(self, config):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
@@ -141,7 +134,6 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
         self.mlp = MLP(config)
 
-    # Copied from model_gpt2.py (Block.forward)
     def forward(self, x, attn_mask=None, cache=None):
         a, kv = self.attn(self.ln_1(x), attn_mask, cache)
         x = x + a
@@ -155,7 +147,6 @@ class Block(nn.Module):
 class Model(nn.Module):
     gpt2_form = True   # train.py --init_from=gpt2... loads OpenAI's weights into it (pretrained.py)
 
-    # Copied from model_gpt2.py (Model.__init__)
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -171,7 +162,6 @@ class Model(nn.Module):
         self.lm_head.weight = self.transformer.wte.weight         # tied, as GPT-2's
         self.apply(self._init_weights)
 
-    # Copied from model_gpt2.py (Model._init_weights)
     def _init_weights(self, module):
         # As GPT-2's (HF GPT2PreTrainedModel): N(0, init_std) weights and embeddings, zero biases, LayerNorm 1 and 0,
         # and the projections into the residual stream (c_proj) N(0, init_std / sqrt(2 n_layer)).
@@ -186,12 +176,10 @@ class Model(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    # Copied from model_gpt2.py (Model.embed)
     def embed(self, idx, pos):
         """h^0 (B, T, C) of the tokens idx (B, T) at the positions pos (T,): token + position embedding, dropout."""
         return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
 
-    # Copied from model_gpt2.py (Model.logits)
     def logits(self, h):
         """The output layer on the last block's output h (..., C): final LayerNorm, tied softmax weights."""
         return self.lm_head(self.transformer.ln_f(h))              # (..., V)
@@ -208,7 +196,6 @@ class Model(nn.Module):
 
     # --- forward ------------------------------------------------------------------------------------------
 
-    # Copied from model_gpt2.py (Model.forward)
     def forward(self, idx, memory, targets=None):
         """idx: (B, T) tokens, T <= seg_len, read on their own at positions 0..T-1; memory: Memory (a token count).
         Returns (logits, loss, new_memory, aux)."""
@@ -233,7 +220,6 @@ class Model(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
-    # Copied from model_gpt2.py (Model.flops_per_token)
     def flops_per_token(self, mem_len=None):
         """Training FLOPs (forward + backward) per token, for MFU: 6 per use of a weight (2 forward, 2 for its input's
         gradient, 2 for its own); 6 per multiply-add of the attention over the segment's seg_len keys (q·k and p·v,
@@ -247,7 +233,6 @@ class Model(nn.Module):
 
     # --- generation ---------------------------------------------------------------------------------------
 
-    # Copied from model_gpt2.py (Model.open_segment)
     def open_segment(self, memory, tokens, seg=None):
         """A segment's first tokens (B, T), in a new OpenSegment or in seg's buffers (decode() reuses them); memory is
         not read: a segment starts afresh at position 0. -> the logits (B, V) of the last token, the OpenSegment"""
@@ -260,7 +245,6 @@ class Model(nn.Module):
                                       kv=[(slots.clone(), slots.clone()) for _ in self.transformer.h]))
         return self.step(tokens, seg, tokens.size(1)), seg
 
-    # Copied from model_gpt2.py (Model.step)
     def step(self, tokens, seg, filled=None):
         """The next T tokens (B, T) of the open segment seg, which it updates in place. filled: as model_xl.py's (the
         step skips the seg_len - filled padding slots on the left; None: it reads them too, as a graph wants).

@@ -68,7 +68,6 @@ class Config:
         check_attn_kernel(self, ('sdpa', 'einsum', 'triton'))
 
 
-# Copied from model_xl.py (check_attn_kernel)
 def check_attn_kernel(config, kernels):
     """The Config check of attn_kernel against the kernels this model's attention can run on."""
     if config.attn_kernel not in kernels:
@@ -102,7 +101,6 @@ class OpenSegment:
 # -----------------------------------------------------------------------------------------------------------
 # Relative attention (§3.3): the sinusoid R, the rel-shift, u and v
 
-# Copied from model_xl.py (PositionalEmbedding)
 class PositionalEmbedding(nn.Module):
     """The fixed sinusoid R of §3.3 (Vaswani et al.'s, without learnable parameters), evaluated at any positions."""
 
@@ -116,7 +114,6 @@ class PositionalEmbedding(nn.Module):
         return torch.cat([sinusoid.sin(), sinusoid.cos()], -1)    # (K, n_embd)
 
 
-# Copied from model_xl.py (rel_shift)
 def rel_shift(x):
     """The rel-shift trick of the Transformer-XL code (its appendix B computes the same thing).
 
@@ -132,11 +129,9 @@ def rel_shift(x):
     return x_padded[:, :, 1:].reshape(B, H, T, K)                 # y[i, j] = x[i, j + T-1-i]
 
 
-# Copied from model_xl.py (RelMultiHeadAttn)
 class RelMultiHeadAttn(nn.Module):
     """Multi-head attention with Transformer-XL relative positions (§3.3), its residual and LayerNorm."""
 
-    # Copied from model_xl.py (RelMultiHeadAttn.__init__)
     def __init__(self, config):
         super().__init__()
         C, H, D = config.n_embd, config.n_head, config.d_head
@@ -156,7 +151,6 @@ class RelMultiHeadAttn(nn.Module):
             from rel_attention_triton import rel_attention
             self.rel_attention = rel_attention
 
-    # Copied from model_xl.py (RelMultiHeadAttn.keys_values)
     def keys_values(self, h):
         """Keys and values (B, H, S, D) of hidden states h (B, S, C). A position's key and value depend on that
         position alone (positions enter only through R), so the memory's can be computed once and cached."""
@@ -166,7 +160,6 @@ class RelMultiHeadAttn(nn.Module):
         kv = self.kv_net(h).view(B, S, 2, self.n_head, self.d_head)
         return kv.permute(2, 0, 3, 1, 4).unbind(0)               # k, v: each (B, H, S, D)
 
-    # Copied from model_xl.py (RelMultiHeadAttn.project_positions)
     def project_positions(self, r):
         """W_{k,R} R (H, K, D) of the relative embeddings R (K, C): the keys of the distances (§3.3)."""
         return self.r_net(r).view(r.size(0), self.n_head, self.d_head).transpose(0, 1)
@@ -210,7 +203,6 @@ class RelMultiHeadAttn(nn.Module):
         return out, (k, v)
 
 
-# Copied from model_xl.py (Block)
 class Block(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -227,7 +219,6 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    # Copied from model_xl.py (Model.__init__)
     def __init__(self, config: Config):
         super().__init__()
         self.config = config
@@ -244,7 +235,6 @@ class Model(nn.Module):
         nn.init.normal_(self.r_w_bias, 0.0, config.init_std)
         nn.init.normal_(self.r_r_bias, 0.0, config.init_std)
 
-    # Copied from model_xl.py (Model._init_weights)
     def _init_weights(self, module):
         # As the paper's code (weights_init with init='normal'): N(0, init_std) weights, zero biases,
         # LayerNorm gains N(1, init_std).
@@ -286,7 +276,6 @@ class Model(nn.Module):
 
     # --- attention geometry, shared by forward and generate ------------------------------------------------
 
-    # Copied from model_xl.py (Model._relative_positions)
     def _relative_positions(self, K, device):
         """R for the distances K-1, ..., 0 (clamped at clamp_len), with dropout as in the paper's code."""
         pos_seq = torch.arange(K - 1, -1, -1.0, device=device)
@@ -294,7 +283,6 @@ class Model(nn.Module):
             pos_seq = pos_seq.clamp(max=self.config.clamp_len)
         return self.drop(self.pos_emb(pos_seq).to(self.word_emb.weight.dtype))   # (K, C)
 
-    # Copied from model_xl.py (Model._attn_mask)
     def _attn_mask(self, key_valid, T, mem_len):
         """key_valid: (B, K) bool over the K = S + T keys, the last T being the queries themselves.
         Query i sits at position S + i; it sees key j when j is valid and 0 <= (S + i) - j, and, with
@@ -308,7 +296,6 @@ class Model(nn.Module):
             allowed = allowed & (distance < max(mem_len, 1))
         return (allowed[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, K)
 
-    # Copied from model_xl.py (Model._u_v)
     def _u_v(self, i):
         n = i if self.config.untie_r else 0
         return self.r_w_bias[n], self.r_r_bias[n]
@@ -343,7 +330,6 @@ class Model(nn.Module):
 
     # --- bookkeeping for train.py -------------------------------------------------------------------------
 
-    # Copied from model_xl.py (Model.num_params)
     def num_params(self):
         return sum(p.numel() for p in self.parameters())
 
@@ -401,7 +387,6 @@ class Model(nn.Module):
         """The memory after the open segment's seg_len tokens, as forward() makes it."""
         return self._update_memory(memory, seg.hids.unbind(0))
 
-    # Copied from model_xl.py (Model.generate)
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, memory=None, callback=None, cuda_graph=False):
         """Continue idx (B, T0) by max_new_tokens tokens after memory (optional; else a fresh one), as decode() says;
@@ -413,7 +398,6 @@ class Model(nn.Module):
 # -----------------------------------------------------------------------------------------------------------
 # Generic blocks, which the other model files copy verbatim (tests/test_copies.py keeps them identical)
 
-# Copied from model_xl.py (PositionwiseFF)
 class PositionwiseFF(nn.Module):
     """The feed-forward sublayer with its residual and LayerNorm (post-LN, or pre-LN when pre_lnorm)."""
 
@@ -432,7 +416,6 @@ class PositionwiseFF(nn.Module):
         return self.layer_norm(x + self.net(x))
 
 
-# Copied from model_xl.py (ScaledEmbedding)
 class ScaledEmbedding(nn.Module):
     """Token embedding times sqrt(n_embd), as the Transformer-XL code's AdaptiveEmbedding with a single cluster.
     Its weight is tied to the output layer."""
@@ -446,7 +429,6 @@ class ScaledEmbedding(nn.Module):
         return F.embedding(idx, self.weight) * self.scale
 
 
-# Copied from model_xl.py (sample_next)
 def sample_next(logits, temperature=1.0, top_k=None):
     """Sample one token per row from (B, V) logits; temperature 0 means greedy."""
     if temperature == 0.0:
@@ -458,7 +440,6 @@ def sample_next(logits, temperature=1.0, top_k=None):
     return torch.multinomial(F.softmax(logits.float(), dim=-1), num_samples=1)   # (B, 1)
 
 
-# Copied from model_xl.py (decode)
 def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, callback=None, cuda_graph=False):
     """The sampling loop of every model's generate(). The prompt idx (B, T0) goes in as pieces that never cross a
     segment boundary, then max_new_tokens tokens are sampled one at a time (sample_next), each fed back. The model
@@ -500,7 +481,6 @@ def decode(model, idx, memory, max_new_tokens, temperature=1.0, top_k=None, call
     return idx
 
 
-# Copied from model_xl.py (refill)
 def refill(seg, new):
     """new; or, when seg is an OpenSegment already, seg with new's values copied in (a captured step reads seg)"""
     if seg is None:
@@ -517,7 +497,6 @@ def refill(seg, new):
     return seg
 
 
-# Copied from model_xl.py (CapturedStep)
 class CapturedStep:
     """A model's step(tokens, seg) as a CUDA graph: one launch for the hundreds of kernels of a token, whose Python
     and launch overhead otherwise cost more than their arithmetic at batch 1. The first call runs the step, as the

@@ -2,6 +2,7 @@
 lists for tiny models, subprocess runs of the scripts, and exact comparison of checkpoints."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,12 @@ TEXT = ("It was the best of times, it was the worst of times, it was the age of 
 ENV = dict(os.environ, PYTHONUNBUFFERED='1', PYTHONIOENCODING='utf-8', OMP_NUM_THREADS='1')
 
 
+def default_sigint():
+    """preexec_fn of a child the test sends SIGINT: Ctrl-C at its default, as in a terminal, even where the suite
+    runs with SIGINT ignored (`make test &`, nohup, a job runner), which the child would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_python(args, timeout=120, text=True):
     """`python args...` in a fresh process, in the repository root (where train.py and sample.py live).
     text=False returns stdout as bytes (no newline translation)."""
@@ -126,7 +133,8 @@ def signal_after_log_lines(command, out_dir, n_lines, signum, timeout=60, start_
     """Run command (a list, from the repository root) until out_dir/log.jsonl has n_lines lines (training has
     started, the signal handlers are set), send it signum, and wait. -> (exit status, stdout, stderr)"""
     import time
-    proc = subprocess.Popen(command, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)
     log = Path(out_dir) / 'log.jsonl'
     try:
         deadline = time.time() + start_timeout

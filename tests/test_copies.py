@@ -2,110 +2,35 @@
 The single-model-file policy (STYLE.md): code shared between model files is duplicated and marked
 `# Copied from model_xl.py (Name)`; the copies must stay textually identical to the class or function `Name` of
 model_xl.py. The GPT-2 forms copy GPT-2's blocks the same way from model_gpt2.py (`# Copied from model_gpt2.py (Name)`):
-a marker may name any model file, and the copy is compared with that file's definition. Name may be a method
-(`Model._attn_mask`): a marker inside a class guards the method under it (the class may have another name: a copied
-method in a modified class). A copy that differs on purpose says how,
+a marker may name any model file, and the copy is compared with that file's definition, found by its name (the source
+carries no marker). Name may be a method (`Model._attn_mask`): a marker inside a class guards the method under it (the
+class may have another name: a copied method in a modified class). A copy that differs on purpose says how,
 `# Copied from model_xl.py (Name) with A->B`; it is not compared, but Name must still exist in the file it names (a
-rename there breaks the test). Model files import only torch, numpy and the standard library, and
-rel_attention_triton.py (the Triton kernel of attn_kernel='triton') inside a function, never at load time.
+rename there breaks the test). `make fix-copies` rewrites the stale copies from their sources (tests/_copies.py holds
+both). Model files import only torch, numpy and the standard library, and rel_attention_triton.py (the Triton kernel
+of attn_kernel='triton') inside a function, never at load time.
 """
 
 import ast
-import difflib
-import re
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from _copies import ROOT, by_name, check_copies, fix_copies, main, marked_copies, model_files, report
+
 SOURCE = ROOT / 'model_xl.py'
-MODEL_FILES = sorted(ROOT.glob('model_*.py'))
-MARKER = re.compile(r'^\s*# Copied from (model_\w+\.py) \(([\w.]+)\)(?: with (.+?))?\s*$')
+MODEL_FILES = model_files()
 GPT2_SOURCE = ROOT / 'model_gpt2.py'
 ALLOWED_THIRD_PARTY = {'torch', 'numpy'}
 ALLOWED_LAZILY = {'rel_attention_triton'}   # imported where attn_kernel='triton' asks for it
 
 
-def definitions(source):
-    """[(qualified name, first line, text)] of the classes and functions at any depth, decorators included;
-    a method's name is `Class.method`. The text of a nested definition keeps its indentation after the first
-    line, so two copies compare equal only at the same depth."""
-    lines = source.splitlines()
-    found = []
-
-    def visit(body, prefix):
-        for node in body:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                text = '\n'.join([line.strip() for line in lines[start - 1:node.lineno - 1]]
-                                 + [ast.get_source_segment(source, node)])
-                found.append((prefix + node.name, start, text))
-                if isinstance(node, ast.ClassDef):
-                    visit(node.body, prefix + node.name + '.')
-
-    visit(ast.parse(source).body, '')
-    return found
-
-
-def blocks_by_name(source):
-    """{name: text} of the classes and functions at any depth (`Class.method` for methods); a name defined twice
-    maps to None (ambiguous)."""
-    blocks = {}
-    for name, _, text in definitions(source):
-        blocks[name] = None if name in blocks else text
-    return blocks
-
-
-def marked_copies(source):
-    """[(line number, Name, qualified name of the definition that follows the marker or None, modification or
-    None, the model file it names)] for every marker. The definition must follow the marker directly (only blank
-    lines or comments between)."""
-    lines = source.splitlines()
-    starts = {start: name for name, start, _ in definitions(source)}
-    copies = []
-    for number, line in enumerate(lines, start=1):
-        match = MARKER.match(line)
-        if not match:
-            continue
-        following = None
-        for later in range(number + 1, len(lines) + 1):
-            if later in starts:
-                following = starts[later]
-                break
-            if lines[later - 1].strip() and not lines[later - 1].lstrip().startswith('#'):
-                break                                   # a statement that is not a definition
-        copies.append((number, match.group(2), following, match.group(3), match.group(1)))
-    return copies
-
-
-def check_copies(path):
-    """Problems (strings) with the `# Copied from model_NAME.py (Name)` blocks of path, each compared with the
-    model file its marker names; [] when all is well."""
-    text = Path(path).read_text()
-    blocks = blocks_by_name(text)
-    problems = []
-    for number, name, following, modification, source in marked_copies(text):
-        where = f"{Path(path).name}:{number}"
-        source_path = ROOT / source
-        source_blocks = blocks_by_name(source_path.read_text()) if source_path.exists() else {}
-        if not source_path.exists():
-            problems.append(f"{where}: {source} is not a model file of the repository")
-        elif following is None:
-            problems.append(f"{where}: marker for {name} is followed by no class/def")
-        elif name not in source_blocks:
-            problems.append(f"{where}: {name} is not a class/def of {Path(source_path).name}")
-        elif modification is not None:
-            continue                                    # a modified copy: only its source must exist
-        elif following.split('.')[-1] != name.split('.')[-1]:   # a method may sit in a renamed class
-            problems.append(f"{where}: marker for {name} is followed by {following}")
-        elif source_blocks[name] is None or blocks[following] is None:
-            problems.append(f"{where}: {name} is defined more than once")
-        elif blocks[following] != source_blocks[name]:
-            diff = difflib.unified_diff(source_blocks[name].splitlines(), blocks[following].splitlines(),
-                                        Path(source_path).name, Path(path).name, lineterm='')
-            problems.append(f"{where}: {name} differs from the original:\n" + '\n'.join(diff))
-    return problems
+def verbatim_copies(source=SOURCE):
+    """[(model file, Copy)] of the unmodified copies, in the other model files, of blocks of source."""
+    return [(path, copy) for path in MODEL_FILES for copy in marked_copies(path.read_text())
+            if copy.source == source.name and copy.modification is None]
 
 
 def disallowed_imports(path):
@@ -138,21 +63,15 @@ def test_model_xl_is_found():
 
 
 @pytest.mark.parametrize('path', MODEL_FILES, ids=lambda p: p.name)
-def test_copied_blocks_match_model_xl(path):
-    assert check_copies(path) == []
+def test_copied_blocks_match_their_source(path):
+    problems = check_copies(path)
+    assert problems == [], report(problems)
 
 
-@pytest.mark.parametrize('source', [SOURCE, GPT2_SOURCE], ids=lambda p: p.name)
-def test_model_xl_marks_its_shared_blocks(source):
-    """model_xl.py (and model_gpt2.py, for GPT-2's blocks) holds the originals and marks them; whatever another file
-    copies from it must be marked there."""
-    if not source.exists():
-        pytest.skip(f"{source.name} is not in the repository")
-    marked_in_source = {name for _, name, _, _, _ in marked_copies(source.read_text())}
-    assert marked_in_source, f"{source.name} marks no shared blocks"
-    for path in MODEL_FILES:
-        copied = {name for _, name, _, _, of in marked_copies(path.read_text()) if of == source.name}
-        assert copied <= marked_in_source, (path.name, copied - marked_in_source)
+@pytest.mark.parametrize('path', MODEL_FILES, ids=lambda p: p.name)
+def test_a_source_carries_no_marker_of_its_own_file(path):
+    """model_xl.py holds the originals (model_gpt2.py GPT-2's) and marks only what it copies from another file."""
+    assert [copy.line for copy in marked_copies(path.read_text()) if copy.source == path.name] == []
 
 
 @pytest.mark.parametrize('path', [p for p in MODEL_FILES if p != SOURCE], ids=lambda p: p.name)
@@ -161,18 +80,18 @@ def test_every_model_file_copies_the_shared_blocks(path):
     importing or rewriting them, so the checks above cover it. A GPT-2 form has GPT-2's feed-forward and embeddings,
     not Transformer-XL's: it copies the generation loop from model_xl.py and GPT-2's blocks from model_gpt2.py."""
     marks = marked_copies(path.read_text())
-    copied = {name for _, name, _, _, source in marks if source == SOURCE.name}
+    copied = {copy.name for copy in marks if copy.source == SOURCE.name}
     if 'gpt2' not in path.stem:
         assert {'PositionwiseFF', 'ScaledEmbedding', 'sample_next', 'decode'} <= copied, path.name
         return
     assert {'sample_next', 'decode'} <= copied, path.name
-    from_gpt2 = {name for _, name, _, _, source in marks if source == GPT2_SOURCE.name}
-    assert 'MLP' in from_gpt2, path.name
+    from_gpt2 = {copy.name for copy in marks if copy.source == GPT2_SOURCE.name}
+    assert path == GPT2_SOURCE or 'MLP' in from_gpt2, path.name      # model_gpt2.py holds GPT-2's blocks
 
 
 def test_checker_detects_modified_copy(tmp_path):
-    name = next(name for _, name, _, _, _ in marked_copies(SOURCE.read_text()) if '.' not in name)
-    original = blocks_by_name(SOURCE.read_text())[name]
+    name = next(copy.name for _, copy in verbatim_copies() if '.' not in copy.name)
+    original = by_name(SOURCE.read_text())[name].text
     header = "import torch\n\n\n"
 
     good = tmp_path / 'model_good.py'
@@ -185,6 +104,7 @@ def test_checker_detects_modified_copy(tmp_path):
     bad.write_text(f"{header}# Copied from model_xl.py ({name})\n{altered}\n")
     problems = check_copies(bad)
     assert len(problems) == 1 and 'differs' in problems[0]
+    assert 'make fix-copies' in report(problems)
 
     wrong_name = tmp_path / 'model_wrong.py'                # the marker names a block that is not the next one
     wrong_name.write_text(f"{header}# Copied from model_xl.py (NoSuchBlock)\n{original}\n")
@@ -200,12 +120,16 @@ def test_checker_detects_modified_copy(tmp_path):
     modified.write_text(f"{header}# Copied from model_xl.py (NoSuchBlock) with a->b\n{altered}\n")
     assert 'not a class/def' in check_copies(modified)[0]
 
+    own = tmp_path / 'model_xl.py'                          # a source marking itself
+    own.write_text(f"{header}# Copied from model_xl.py ({name})\n{original}\n")
+    assert 'its own file' in check_copies(own, root=tmp_path)[0]
+
 
 def test_checker_guards_methods(tmp_path):
     """A marker inside a class guards the method under it, against the method of the same class in model_xl.py."""
-    method = next(name for _, name, _, modified, _ in marked_copies(SOURCE.read_text()) if '.' in name and not modified)
+    method = next(copy.name for _, copy in verbatim_copies() if '.' in copy.name)
     cls, _ = method.split('.')
-    original = blocks_by_name(SOURCE.read_text())[method]
+    original = by_name(SOURCE.read_text())[method].text
     header = f"import torch\n\n\nclass {cls}:\n    # Copied from model_xl.py ({method})\n    "
 
     good = tmp_path / 'model_good.py'
@@ -220,6 +144,63 @@ def test_checker_guards_methods(tmp_path):
     statement = tmp_path / 'model_statement.py'             # a marker over something that is not a definition
     statement.write_text(f"import torch\n\n\nclass {cls}:\n    # Copied from model_xl.py ({method})\n    x = 1\n")
     assert 'no class/def' in check_copies(statement)[0]
+
+
+def copy_of_the_model_files(tmp_path):
+    for path in MODEL_FILES:
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path
+
+
+def hack(path, name, line):
+    """Add line (indented as a statement of the block) at the end of the block `name` of path, as a user would."""
+    lines = path.read_text().splitlines(keepends=True)
+    block = by_name(path.read_text())[name]
+    lines.insert(block.end, ' ' * (block.indent + 4) + line + '\n')
+    path.write_text(''.join(lines))
+
+
+def test_fix_copies_rewrites_the_copies_of_a_hacked_source(tmp_path, capsys):
+    """A block hacked in its source (a function, a method, a block only modified copies have): `make fix-copies`
+    rewrites every verbatim copy, a copy of a copy included, leaves the modified ones alone and lists them; the check
+    fails before and passes after, its message naming the command."""
+    root = copy_of_the_model_files(tmp_path)
+    chain = root / 'model_chain.py'                         # copies model_gpt2.py's copy of sample_next
+    gpt2_copy = by_name((root / 'model_gpt2.py').read_text())['sample_next'].text
+    chain.write_text(f"import torch\n\n\n# Copied from model_gpt2.py (sample_next)\n{gpt2_copy}\n")
+    hack(root / 'model_xl.py', 'sample_next', 'hacked = True')
+    hack(root / 'model_xl.py', 'Model.num_params', 'hacked = True')
+    hack(root / 'model_xl.py', 'Block', 'hacked = True')
+    before = {path.name: path.read_text() for path in model_files(root)}
+    stale = [(path.name, copy) for path, copy in verbatim_copies()
+             if copy.name in ('sample_next', 'Model.num_params')] + [('model_chain.py', None)]
+    assert main([], root=root) == 1 and 'make fix-copies' in capsys.readouterr().err
+
+    assert main(['--fix'], root=root) == 0
+    out = capsys.readouterr().out
+    assert f"{len(stale)} copies rewritten" in out and 'model_chain.py:4 sample_next' in out
+    assert "model_xl.py (Block): model_compressive.py:" in out  # modified on purpose: listed, not rewritten
+    assert main([], root=root) == 0
+    for path in model_files(root):
+        text = path.read_text()
+        for copy in marked_copies(text):
+            if copy.source == 'model_xl.py' and copy.name in ('sample_next', 'Model.num_params'):
+                assert 'hacked = True' in copy.definition.text, (path.name, copy.line)
+        if path.name not in {name for name, _ in stale} | {'model_xl.py'}:
+            assert text == before[path.name], path.name     # no verbatim copy of the hacked blocks: untouched
+    assert fix_copies(root) == ([], [])                     # a second run has nothing to do
+
+
+def test_fix_copies_changes_nothing_in_the_repository(tmp_path):
+    root = copy_of_the_model_files(tmp_path)
+    assert fix_copies(root) == ([], [])
+    assert [path.read_bytes() for path in model_files(root)] == [path.read_bytes() for path in MODEL_FILES]
+
+
+def test_make_fix_copies_runs_the_fixer():
+    makefile = (ROOT / 'Makefile').read_text()
+    phony = next(line for line in makefile.splitlines() if line.startswith('.PHONY:'))
+    assert 'fix-copies' in phony.split() and '\nfix-copies:\n\t$(PYTHON) tests/_copies.py --fix\n' in makefile
 
 
 @pytest.mark.parametrize('path', MODEL_FILES, ids=lambda p: p.name)
@@ -241,7 +222,7 @@ def test_checker_compares_with_the_file_the_marker_names(tmp_path):
     """A `# Copied from model_gpt2.py (Name)` block is compared with model_gpt2.py's Name, not model_xl.py's."""
     if not GPT2_SOURCE.exists():
         pytest.skip("model_gpt2.py is not in the repository")
-    original = blocks_by_name(GPT2_SOURCE.read_text())['MLP']
+    original = by_name(GPT2_SOURCE.read_text())['MLP'].text
     good = tmp_path / 'model_good.py'
     good.write_text(f"import torch\n\n\n# Copied from model_gpt2.py (MLP)\n{original}\n")
     assert check_copies(good) == []

@@ -20,7 +20,8 @@ import torch
 
 import sample
 import train
-from _train_util import ENV, ROOT, TEXT, TINY_XL, assert_one_line_error, flags, run_python, write_dataset
+from _train_util import (ENV, ROOT, TEXT, TINY_XL, assert_one_line_error, default_sigint, flags, run_python,
+                         write_dataset)
 from data.tokenizer import gpt2_tokenizer
 
 # init_std 0.3 and a tiny lr keep the model far from "repeat the likeliest token": its greedy output depends on
@@ -237,7 +238,8 @@ def test_ctrl_c_is_one_line_and_keeps_the_text(when, ckpt_dir, model, enc):
     prompt = 'It was the age of'
     proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={ckpt_dir}', f'--start={prompt}',
                              '--temperature=0', '--max_new_tokens=100000', '--device=cpu'],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint)          # Ctrl-C at its default, even under `make test &`
     try:
         if when == 'while sampling':
             head = b''
