@@ -250,6 +250,28 @@ def eval_command(cfg, label, seed):
             '--eval_only=True', *flags, *shlex.split(cfg.overrides)]
 
 
+def eval_only(cmd, path):
+    """train.py --eval_only's JSON line, from path, or (the first time) from running cmd and writing path."""
+    if not path.exists():
+        print('python', shlex.join(cmd), flush=True)
+        proc = subprocess.run([sys.executable, *cmd], cwd=common.REPO, capture_output=True, text=True)
+        if proc.returncode:
+            raise train.UserError(f"{shlex.join(cmd)}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+        path.write_text(proc.stdout.strip().splitlines()[-1] + '\n')
+    return json.loads(path.read_text())
+
+
+def pretrained_eval(cfg):
+    """The pretrained model evaluated as the baseline's runs are (its config's evaluation flags)."""
+    config, flags = cfg.table.variants[cfg.table.baseline]
+    cmd = ['train.py', config, *flags, f'--out_dir={pretrain_dir(cfg)}', '--init_from=resume', '--eval_only=True',
+           *shlex.split(cfg.overrides)]
+    if not pretrain_done(cfg):
+        return {'validation/loss': None, 'command': ' '.join(['python', *cmd])}
+    record = eval_only(cmd, pretrain_dir(cfg) / f'eval_as_{cfg.table.baseline}.json')
+    return {'validation/loss': record['validation/loss'], 'command': ' '.join(['python', *cmd])}
+
+
 def evaluate_otherwise(cfg, labels, seeds):
     """{label: {'seeds': {seed: loss}, 'mean', 'std', 'command'}} of cfg.table.evals for the variants in labels,
     each read from (or, the first time, written to) RUN/eval_LABEL.json, train.py --eval_only's JSON line."""
@@ -261,15 +283,8 @@ def evaluate_otherwise(cfg, labels, seeds):
         for s in seeds:
             if not is_done(cfg, variant, s):
                 continue
-            path = run_dir(cfg, variant, s) / f'eval_{label}.json'
-            if not path.exists():
-                cmd = eval_command(cfg, label, s)
-                print('python', shlex.join(cmd), flush=True)
-                proc = subprocess.run([sys.executable, *cmd], cwd=common.REPO, capture_output=True, text=True)
-                if proc.returncode:
-                    raise train.UserError(f"{label} seed {s}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-                path.write_text(proc.stdout.strip().splitlines()[-1] + '\n')
-            losses[s] = json.loads(path.read_text())['validation/loss']
+            record = eval_only(eval_command(cfg, label, s), run_dir(cfg, variant, s) / f'eval_{label}.json')
+            losses[s] = record['validation/loss']
         values = list(losses.values())
         out[label] = {'seeds': losses, 'mean': sum(values) / len(values) if values else None,
                       'std': longdoc.std(values), 'command': ' '.join(['python', *eval_command(cfg, label, '{seed}')])}
@@ -359,9 +374,7 @@ def main(argv=None):
             print(f"  {label:20s} {mean}{spread}   ({len(r['seeds'])} seeds)")
         payload = {'runs': result}
         if cfg.table.pretrain:                           # the starting point, and the fine-tuned weights otherwise
-            record = final_eval(pretrain_dir(cfg))
-            payload['pretrained'] = {'validation/loss': record and record['validation/loss'],
-                                     'command': ' '.join(['python', *pretrain_command(cfg)])}
+            payload['pretrained'] = pretrained_eval(cfg)
             payload['evals'] = evaluate_otherwise(cfg, labels, seeds)
             print(f"  {'pretrained (step 0)':20s} {longdoc.fmt(payload['pretrained']['validation/loss'])}")
             for label, r in payload['evals'].items():
