@@ -49,11 +49,12 @@ import triton.language as tl
 
 INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit reads it, when this file is imported
 
-# The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages). Chosen
-# with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it): no kernel spills,
-# tiles of 64 keep the tensor cores busy (wgmma's 64 rows on sm_90), 2 stages of prefetch keep shared memory small.
+# The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages), chosen
+# with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: tiles of 64
+# (wgmma's 64 rows keep the tensor cores busy) over 8 warps, where the forward and the keys kernel do not spill (at 4
+# warps they do); sm_80: tiles of 32 over 4 warps (at 64 every kernel spills, at 4 warps or 8). 2 stages of prefetch.
 # Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
-TILES = {90: (64, 64, 8, 2), 80: (64, 64, 4, 2)}
+TILES = {90: (64, 64, 8, 2), 80: (32, 32, 4, 2)}
 
 
 @triton.jit

@@ -15,7 +15,7 @@ Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal
     triton  rel_attention_triton.py: (b)+(d) inside each tile of one flash-style kernel (attn_kernel='triton'); on the
             CPU interpreted, in float32 only
     flash   the floor: SDPA with no positional term at all (causal_lower_right): what the position term costs
-One JSON line per path (triton: one per --triton_tiles entry, named triton_BQ,BK,WARPS): milliseconds (median over
+One JSON line per path (triton: one per --triton_tiles entry, triton_BQ,BK,WARPS,STAGES): milliseconds (median over
 --iters after --warmup), and the largest difference of its output and its gradients from the einsum path's (flash: no
 positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
@@ -47,7 +47,7 @@ from common import train  # noqa: E402
 
 PATHS = ('einsum', 'sdpa', 'flex', 'triton', 'flash')
 QUICK = dict(batch_size=1, n_head=2, seg_len=32, keys=64, d_head=16, iters=2, warmup=1)
-TRITON_TILES = '64,64,8,2;64,64,4,2'   # rel_attention_triton.py's TILES for sm_90 and sm_80 (a test keeps them equal)
+TRITON_TILES = '64,64,8,2;32,32,4,2'   # rel_attention_triton.py's TILES for sm_90 and sm_80 (a test keeps them equal)
 
 
 @dataclass
