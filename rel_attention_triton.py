@@ -14,10 +14,12 @@ Here one program owns a tile of BQ queries and walks over tiles of BK keys with 
 r_k = W_{k,R} R (H, K, D) holds row c for distance K-1-c (the order project_positions gives), so query i and key j
 need row c = j - i + T - 1. For queries i0..i0+BQ-1 and keys j0..j0+BK-1 these rows form one band,
     c = c0 + t,  c0 = j0 - i0 - BQ + T,  t = (j - j0) - (i - i0) + BQ - 1 in [0, BQ + BK - 2],
-so the tile's (b)+(d) is ONE (BQ, D) x (D, BQ + BK - 1) product of (q + v) with the band, then a skew: entry (a, b)
-of the tile is entry (a, b - a + BQ - 1) of the product (tl.gather). (a)+(c) is the usual (q + u) k^T. Rows of the band
-outside 0..K-1 are distances outside 0..K-1: read as zeros and masked. clamp_len needs nothing here: R's rows are
-already clamped when the model builds them.
+so the tile's (b)+(d) is a (BQ, D) x (D, BQ + BK - 1) product of (q + v) with the band, then a skew: entry (a, b)
+of the tile is entry (a, b - a + BQ - 1) of the product (tl.gather). The band is made in two halves of HALF rows (HALF =
+BK at square tiles), each product skewed before the next is made: a (BQ, 2 HALF) float32 product and its gather do not
+fit in a thread's registers beside the rest (ptxas: bench/attn_kernels.py --aot). (a)+(c) is the usual (q + u) k^T.
+Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and masked. clamp_len needs nothing here:
+R's rows are already clamped when the model builds them.
 
 The mask is the caller's own boolean (B, 1, T, K) (causal with memory, key_valid, same_length), read tile by tile
 (a byte per score, against the two bytes of a bf16 bias per head). Keys in a query's future are masked whatever it
@@ -26,7 +28,7 @@ says (their band rows are the rel-shift's garbage), and key tiles wholly in the 
 Backward (G = d · P ∘ (dP - δ), δ_i = Σ_j P_ij dP_ij - ∂L/∂lse_i, dP = dO vᵀ, as flash attention's):
     ∂(q+u) = G k,  ∂k = Gᵀ (q+u),  ∂v = Pᵀ dO,
     ∂(q+v)_i = Σ_j G_ij r_k[c(i,j)]:  the tile's G un-skewed into band space (G_band[a, t] = G[a, t + a - BQ + 1]),
-                                       then one (BQ, BQ+BK-1) x (BQ+BK-1, D) product,
+                                       then a (BQ, HALF) x (HALF, D) product per half of the band,
     ∂r_k[c] = Σ_b Σ_{i,j: c(i,j)=c} G_ij (q+v)_i:  G_bandᵀ (q+v) per tile, added into a float32 (H, K, D) with atomics
                                        (every batch row and every tile on the same diagonal adds to the same rows).
 The model passes q + u and q + v as two inputs, so autograd sums their gradients into q, u (r_w_bias) and v (r_r_bias).
@@ -47,6 +49,13 @@ import triton.language as tl
 
 INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit reads it, when this file is imported
 
+# The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages), chosen
+# with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: tiles of 64
+# (wgmma's 64 rows keep the tensor cores busy) over 8 warps, where the forward and the keys kernel do not spill (at 4
+# warps they do); sm_80: tiles of 32 over 4 warps (at 64 every kernel spills, at 4 warps or 8). 2 stages of prefetch.
+# Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
+TILES = {90: (64, 64, 8, 2), 80: (32, 32, 4, 2)}
+
 
 @triton.jit
 def _rows(ptr, first, offs, n, offs_d, D):
@@ -63,22 +72,33 @@ def _store_rows(ptr, first, offs, n, offs_d, D, x):
 
 
 @triton.jit
+def _band_scores(qv, R_ptr, h, c0, K, D, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr,
+                 PRECISION: tl.constexpr):
+    """(b)+(d) of the tile moved into place: entry (a, b) is (q_a + v)·r_k[c0 + t], t = b - a + BQ - 1 (BQ, BK).
+    The band's BQ + BK - 1 rows are two halves of HALF rows: one (BQ, D) x (D, HALF) product per half, each skewed
+    (tl.gather along its rows) before the next is made, so that only a (BQ, HALF) float32 tile is live at a time."""
+    offs_d = tl.arange(0, BD)
+    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1               # (BQ, BK) t of entry (a, b)
+    band = _rows(R_ptr, h * K, c0 + tl.arange(0, HALF), K, offs_d, D)              # (HALF, BD) rows c0 + t
+    lo = tl.gather(tl.dot(qv, tl.trans(band), input_precision=PRECISION), tl.minimum(t, HALF - 1), 1)
+    band = _rows(R_ptr, h * K, c0 + HALF + tl.arange(0, HALF), K, offs_d, D)       # rows c0 + HALF + t
+    hi = tl.gather(tl.dot(qv, tl.trans(band), input_precision=PRECISION), tl.maximum(t - HALF, 0), 1)
+    return tl.where(t < HALF, lo, hi)
+
+
+@triton.jit
 def _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                 BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, qv = q + v, (BQ, BD)) against keys j0..j0+BK-1, masked to -inf:
-    -> scores (BQ, BK), allowed, the key tile k (BK, BD), the band of r_k (NB, BD) and its rows offs_c (NB,)."""
-    offs_i, offs_j, offs_d = i0 + tl.arange(0, BQ), j0 + tl.arange(0, BK), tl.arange(0, BD)
-    k = _rows(K_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)                  # (BK, BD)
+                 BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, qv = q + v, (BQ, BD)) against keys j0..j0+BK-1, -inf where
+    masked -> scores (BQ, BK) and the key tile k (BK, BD)."""
+    offs_i, offs_j = i0 + tl.arange(0, BQ), j0 + tl.arange(0, BK)
+    k = _rows(K_ptr, bh * K + j0, tl.arange(0, BK), K - j0, tl.arange(0, BD), D)      # (BK, BD)
     score = tl.dot(qu, tl.trans(k), input_precision=PRECISION)                        # (a) + (c): (q_i + u)·k_j
-    offs_c = j0 - i0 - BQ + T + tl.arange(0, NB)                                       # the band's rows, c0 + t
-    band = _rows(R_ptr, h * K, offs_c, K, offs_d, D)                                   # (NB, BD)
-    by_distance = tl.dot(qv, tl.trans(band), input_precision=PRECISION)              # (BQ, NB): (q_i + v)·r_k[c]
-    skew = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1            # (BQ, BK): t of entry (a, b)
-    score = (score + tl.gather(by_distance, skew, 1)) * scale                        # (b) + (d) moved into place
+    score += _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, HALF, BD, PRECISION)   # (b) + (d)
     allowed = ((K - T + offs_i[:, None] - offs_j[None, :]) >= 0) & (offs_i[:, None] < T) & (offs_j[None, :] < K)
     allowed = allowed & (tl.load(MASK_ptr + mask_base + offs_i[:, None] * stride_mt + offs_j[None, :],
                                  mask=allowed, other=0) != 0)                           # the caller's mask
-    return tl.where(allowed, score, float('-inf')), allowed, k, band, offs_c
+    return tl.where(allowed, score * scale, float('-inf')), k
 
 
 @triton.jit
@@ -95,7 +115,7 @@ def _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ: tl.constexpr, BD: tl.c
 
 @triton.jit
 def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, stride_mt, H, T, K, D, scale,
-                    BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+                    BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
     """out and lse of one tile of queries, over the key tiles it can see (online softmax)."""
     i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
@@ -107,8 +127,8 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
     acc = tl.zeros([BQ, BD], tl.float32)
     hi = tl.minimum(K, K - T + i0 + BQ)                                # keys past hi are in every query's future
     for j0 in range(0, hi, BK):
-        score, allowed, k, band, offs_c = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base,
-                                                       stride_mt, T, K, D, scale, BQ, BK, NB, BD, PRECISION)
+        score, k = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                                BQ, BK, HALF, BD, PRECISION)
         v = _rows(V_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)          # (BK, BD)
         m_new = tl.maximum(m_i, tl.max(score, 1))
         m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)         # a row with nothing allowed yet
@@ -125,7 +145,7 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
 
 @triton.jit
 def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DK, DV, stride_mb, stride_mt,
-                          H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr, BD: tl.constexpr,
+                          H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr,
                           PRECISION: tl.constexpr):
     """∂k = Gᵀ (q + u), ∂v = Pᵀ dO for one tile of keys, over the query tiles that can see it."""
     j0, bh = tl.program_id(0) * BK, tl.program_id(1)
@@ -137,9 +157,9 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
     first = tl.maximum(j0 - (K - T), 0) // BQ * BQ                   # earlier queries see none of these keys
     for i0 in range(first, T, BQ):
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
-        score, allowed, k, band, offs_c = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base,
-                                                       stride_mt, T, K, D, scale, BQ, BK, NB, BD, PRECISION)
-        p = tl.where(allowed, tl.exp(score - lse[:, None]), 0.0)      # (BQ, BK) the probabilities
+        score, k = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                                BQ, BK, HALF, BD, PRECISION)
+        p = tl.exp(score - lse[:, None])                              # (BQ, BK) the probabilities, 0 where masked
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)       # (BQ, BK)
         g = p * (dp - delta[:, None]) * scale                         # ∂L/∂A^rel
@@ -150,7 +170,7 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
 
 @triton.jit
 def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DQU, DQV, DR, stride_mb, stride_mt,
-                             H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, NB: tl.constexpr,
+                             H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr,
                              BD: tl.constexpr, PRECISION: tl.constexpr):
     """∂(q + u) = G k and ∂(q + v) = G_band r_band for one tile of queries; ∂r_k += G_bandᵀ (q + v) with atomics."""
     i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
@@ -159,23 +179,26 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
     mask_base = (bh // H) * stride_mb
     dqu = tl.zeros([BQ, BD], tl.float32)
     dqv = tl.zeros([BQ, BD], tl.float32)
-    unskew = tl.arange(0, NB)[None, :] + offs[:, None] - BQ + 1       # (BQ, NB): the key b of band entry t
-    in_tile = (unskew >= 0) & (unskew < BK)
-    unskew = tl.minimum(tl.maximum(unskew, 0), BK - 1)
     hi = tl.minimum(K, K - T + i0 + BQ)
     for j0 in range(0, hi, BK):
-        score, allowed, k, band, offs_c = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base,
-                                                       stride_mt, T, K, D, scale, BQ, BK, NB, BD, PRECISION)
+        score, k = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                                BQ, BK, HALF, BD, PRECISION)
         v = _rows(V_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)
-        p = tl.where(allowed, tl.exp(score - lse[:, None]), 0.0)
+        p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale                         # (BQ, BK) ∂L/∂A^rel
         dqu += tl.dot(g.to(k.dtype), k, input_precision=PRECISION)
-        g_band = tl.where(in_tile, tl.gather(g, unskew, 1), 0.0)      # (BQ, NB) the skew undone
-        dqv += tl.dot(g_band.to(band.dtype), band, input_precision=PRECISION)
-        d_band = tl.dot(tl.trans(g_band.to(qv.dtype)), qv, input_precision=PRECISION)   # (NB, BD)
-        tl.atomic_add(DR + (h * K + offs_c[:, None]) * D + offs_d[None, :], d_band,
-                      mask=(offs_c[:, None] >= 0) & (offs_c[:, None] < K) & (offs_d[None, :] < D))
+        c0 = j0 - i0 - BQ + T
+        for half in tl.static_range(2):                               # the band's two halves, one after the other
+            offs_c = c0 + half * HALF + tl.arange(0, HALF)            # (HALF,) its rows
+            key = tl.arange(0, HALF)[None, :] + half * HALF + offs[:, None] - BQ + 1   # (BQ, HALF) key b of (a, t)
+            g_band = tl.gather(g, tl.minimum(tl.maximum(key, 0), BK - 1), 1)
+            g_band = tl.where((key >= 0) & (key < BK), g_band, 0.0).to(qv.dtype)   # (BQ, HALF) the skew undone
+            band = _rows(R_ptr, h * K, offs_c, K, offs_d, D)          # (HALF, BD)
+            dqv += tl.dot(g_band, band, input_precision=PRECISION)
+            d_band = tl.dot(tl.trans(g_band), qv, input_precision=PRECISION)        # (HALF, BD)
+            tl.atomic_add(DR + (h * K + offs_c[:, None]) * D + offs_d[None, :], d_band,
+                          mask=(offs_c[:, None] >= 0) & (offs_c[:, None] < K) & (offs_d[None, :] < D))
     _store_rows(DQU, bh * T + i0, offs, T - i0, offs_d, D, dqu)
     _store_rows(DQV, bh * T + i0, offs, T - i0, offs_d, D, dqv)
 
@@ -183,7 +206,7 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
 def _launch_shape(q_u, k, block_q, block_k):
     B, H, T, D = q_u.shape
     K = k.size(2)
-    return B, H, T, K, D, triton.next_power_of_2(block_q + block_k - 1), max(16, triton.next_power_of_2(D))
+    return B, H, T, K, D, triton.next_power_of_2(block_q + block_k - 1) // 2, max(16, triton.next_power_of_2(D))
 
 
 def _precision(dtype):
@@ -192,47 +215,50 @@ def _precision(dtype):
 
 class RelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps):
-        B, H, T, K, D, NB, BD = _launch_shape(q_u, k, block_q, block_k)
+    def forward(ctx, q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps, num_stages):
+        B, H, T, K, D, HALF, BD = _launch_shape(q_u, k, block_q, block_k)
         out = torch.empty_like(q_u)
         lse = torch.empty(B, H, T, device=q_u.device, dtype=torch.float32)
         grid = (triton.cdiv(T, block_q), B * H)
         _forward_kernel[grid](q_u, q_v, k, v, r_k, mask, out, lse, mask.stride(0), mask.stride(2), H, T, K, D, scale,
-                              BQ=block_q, BK=block_k, NB=NB, BD=BD, PRECISION=_precision(q_u.dtype),
-                              num_warps=num_warps)
+                              BQ=block_q, BK=block_k, HALF=HALF, BD=BD, PRECISION=_precision(q_u.dtype),
+                              num_warps=num_warps, num_stages=num_stages)
         ctx.save_for_backward(q_u, q_v, k, v, r_k, mask, out, lse)
-        ctx.scale, ctx.block_q, ctx.block_k, ctx.num_warps = scale, block_q, block_k, num_warps
+        ctx.scale, ctx.tiles = scale, (block_q, block_k, num_warps, num_stages)
         return out, lse
 
     @staticmethod
     def backward(ctx, d_out, d_lse):
         q_u, q_v, k, v, r_k, mask, out, lse = ctx.saved_tensors
-        B, H, T, K, D, NB, BD = _launch_shape(q_u, k, ctx.block_q, ctx.block_k)
+        block_q, block_k, num_warps, num_stages = ctx.tiles
+        B, H, T, K, D, HALF, BD = _launch_shape(q_u, k, block_q, block_k)
         d_out = d_out.contiguous()
         delta = (d_out.float() * out.float()).sum(-1)                # (B, H, T) δ_i = Σ_j P_ij dP_ij
         if d_lse is not None:
             delta = delta - d_lse                                     # ∂lse_i/∂A_ij = P_ij
         delta = delta.contiguous()
-        common = dict(BQ=ctx.block_q, BK=ctx.block_k, NB=NB, BD=BD, PRECISION=_precision(q_u.dtype),
-                      num_warps=ctx.num_warps)
+        common = dict(BQ=block_q, BK=block_k, HALF=HALF, BD=BD, PRECISION=_precision(q_u.dtype),
+                      num_warps=num_warps, num_stages=num_stages)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        _backward_keys_kernel[(triton.cdiv(K, ctx.block_k), B * H)](
+        _backward_keys_kernel[(triton.cdiv(K, block_k), B * H)](
             q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dk, dv, mask.stride(0), mask.stride(2), H, T, K, D,
             ctx.scale, **common)
         dq_u, dq_v = torch.empty_like(q_u), torch.empty_like(q_v)
         d_r = torch.zeros(r_k.shape, device=r_k.device, dtype=torch.float32)   # atomics add in float32
-        _backward_queries_kernel[(triton.cdiv(T, ctx.block_q), B * H)](
+        _backward_queries_kernel[(triton.cdiv(T, block_q), B * H)](
             q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dq_u, dq_v, d_r, mask.stride(0), mask.stride(2), H, T, K, D,
             ctx.scale, **common)
-        return dq_u, dq_v, dk, dv, d_r.to(r_k.dtype), None, None, None, None, None
+        return dq_u, dq_v, dk, dv, d_r.to(r_k.dtype), None, None, None, None, None, None
 
 
-def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=64, block_k=64, num_warps=4):
+def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=None, block_k=None, num_warps=None,
+                  num_stages=None):
     """softmax(scale · ((q+u) kᵀ + rel_shift((q+v) r_kᵀ)), masked) v and its log-sum-exp, in one kernel.
     q_u = q + u, q_v = q + v: (B, H, T, D); k, v: (B, H, K, D), the last T keys being the queries' own positions;
     r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where allowed (keys in
     a query's future are masked whatever it says). Everything is cast to v's dtype.
-    block_q, block_k (powers of two, >= 16) and num_warps: the tiles and warps of every kernel (not yet tuned on a GPU).
+    block_q, block_k (powers of two, >= 16), num_warps, num_stages: the tiles, warps and prefetch stages of every
+    kernel; each left None is TILES' for the device (not yet timed on a GPU).
     -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
     if q_u.device.type != 'cuda' and not INTERPRETED:
         raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "
@@ -250,7 +276,10 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=64, block_k=64,
     q_u, q_v, k, v, r_k = (x.to(v.dtype).contiguous() for x in (q_u, q_v, k, v, r_k))
     mask = attn_mask.expand(B, 1, T, K)
     mask = mask if mask.stride(-1) == 1 else mask.contiguous()
-    return _apply(q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps)
+    cc = torch.cuda.get_device_capability(q_u.device)[0] * 10 if q_u.device.type == 'cuda' else 80
+    tiles = [x if x is not None else default for x, default in
+             zip((block_q, block_k, num_warps, num_stages), TILES[90 if cc == 90 else 80])]
+    return _apply(q_u, q_v, k, v, r_k, mask, scale, *tiles)
 
 
 # torch.compile traces user-written Triton kernels on CUDA; the interpreter's Python it cannot, so there the kernels

@@ -5,6 +5,7 @@ forward + backward, at the size people train (B 8, H 16, T 512, K = 1024 keys, d
     python bench/attn_kernels.py --device=cuda                         # every path, compiled where it compiles
     python bench/attn_kernels.py --device=cuda --paths=sdpa,triton --iters=50
     python bench/attn_kernels.py --device=cpu --dtype=float32 --quick=True   # a dry run (Triton interpreted)
+    python bench/attn_kernels.py --aot=True                             # ptxas on each kernel, no GPU needed
 
 Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal mask with memory):
     einsum  the reference: (q+u)kᵀ + rel_shift((q+v) r_kᵀ), masked softmax, product with v (model_xl.py's einsum path)
@@ -14,17 +15,25 @@ Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal
     triton  rel_attention_triton.py: (b)+(d) inside each tile of one flash-style kernel (attn_kernel='triton'); on the
             CPU interpreted, in float32 only
     flash   the floor: SDPA with no positional term at all (causal_lower_right): what the position term costs
-One JSON line per path (triton: one per --triton_tiles entry, named triton_BQ,BK,WARPS): milliseconds (median over
+One JSON line per path (triton: one per --triton_tiles entry, triton_BQ,BK,WARPS,STAGES): milliseconds (median over
 --iters after --warmup), and the largest difference of its output and its gradients from the einsum path's (flash: no
 positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
+--aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90 and sm_80 at the tiles it
+ships for each (its TILES), beside a plain causal flash forward at the same tiles (bench/flash_yardstick.py), and the
+ptxas in the triton wheel says what each costs: one JSON line per kernel and architecture with registers per thread,
+spilled bytes per thread (stores, loads) and shared memory (Triton's allocation). The arguments are specialised as the
+JIT specialises them at the size above (every pointer 16-byte aligned, every integer a multiple of 16).
 """
 
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,6 +47,7 @@ from common import train  # noqa: E402
 
 PATHS = ('einsum', 'sdpa', 'flex', 'triton', 'flash')
 QUICK = dict(batch_size=1, n_head=2, seg_len=32, keys=64, d_head=16, iters=2, warmup=1)
+TRITON_TILES = '64,64,8,2;32,32,4,2'   # rel_attention_triton.py's TILES for sm_90 and sm_80 (a test keeps them equal)
 
 
 @dataclass
@@ -53,8 +63,9 @@ class AttnConfig:
     iters: int = 20                # timed repetitions: the median is reported
     warmup: int = 5                # untimed repetitions first (compilation happens here)
     compile: bool = True           # torch.compile einsum, sdpa and flex on a CUDA device (the CPU runs them eager)
-    triton_tiles: str = '64,64,4'  # the triton path's block_q,block_k,num_warps (several: 64,64,4;64,128,8)
+    triton_tiles: str = TRITON_TILES  # the triton path's block_q,block_k,num_warps[,num_stages], ';' between
     quick: bool = False            # QUICK's tiny size and 2 iterations: does every path run?
+    aot: bool = False              # no timing: ptxas's registers, spills and shared memory of each kernel (no GPU)
 
     def __post_init__(self):
         if self.dtype not in ('bfloat16', 'float32'):
@@ -69,10 +80,10 @@ class AttnConfig:
             raise ValueError(f"keys (memory + segment) must be >= seg_len ({self.seg_len}), got {self.keys}")
         for tiles in self.triton_tiles.split(';'):
             parts = tiles.split(',')
-            if len(parts) != 3 or not all(p.isdigit() for p in parts) or any(int(p) & (int(p) - 1) for p in parts) \
-                    or min(int(p) for p in parts[:2]) < 16:
-                raise ValueError(f"triton_tiles are block_q,block_k,num_warps (powers of two, blocks >= 16), "
-                                 f"separated by ';', got {self.triton_tiles!r}")
+            if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts) \
+                    or any(int(p) & (int(p) - 1) for p in parts[:3]) or min(int(p) for p in parts[:2]) < 16:
+                raise ValueError(f"triton_tiles are block_q,block_k,num_warps[,num_stages] (powers of two but the "
+                                 f"stages, blocks >= 16), separated by ';', got {self.triton_tiles!r}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
 
@@ -118,9 +129,9 @@ def flash_path(q, u, v_bias, k, v, r_k, mask, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.size(2), k.size(2)), scale=scale)
 
 
-def triton_path(rel_attention, block_q, block_k, num_warps):
+def triton_path(rel_attention, block_q, block_k, num_warps, num_stages=None):
     def path(q, u, v_bias, k, v, r_k, mask, scale):
-        return rel_attention(q + u, q + v_bias, k, v, r_k, mask, scale, block_q, block_k, num_warps)[0]
+        return rel_attention(q + u, q + v_bias, k, v, r_k, mask, scale, block_q, block_k, num_warps, num_stages)[0]
     return path
 
 
@@ -227,8 +238,83 @@ def run(cfg):
         print(json.dumps({**line, **head}), flush=True)
 
 
+# -----------------------------------------------------------------------------------------------------------
+# --aot: what ptxas makes of each kernel, without a GPU
+
+AOT_ARCHS = (90, 80)
+AOT_TYPES = {'MASK_ptr': '*i1', 'LSE': '*fp32', 'DELTA': '*fp32', 'DR': '*fp32', 'scale': 'fp32',
+             'stride_mb': 'i32', 'stride_mt': 'i32', 'H': 'i32', 'T': 'i32', 'K': 'i32', 'D': 'i32'}   # others: bf16
+
+
+def ptxas_path():
+    """The ptxas that ships in triton's wheel, or why there is none."""
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except ImportError as e:
+        return None, f"triton unavailable: {e}"
+    ptxas = Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin' / 'ptxas'
+    return (ptxas, None) if ptxas.exists() else (None, f"triton has no nvidia backend ptxas ({ptxas} is missing)")
+
+
+def ptxas_report(ptxas, fn, cc, constexprs, num_warps, num_stages):
+    """fn compiled for sm_<cc> with the JIT's specialisation at the training size -> what ptxas -v says of it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    signature = {n: 'constexpr' if n in constexprs else AOT_TYPES.get(n, '*bf16') for n in fn.arg_names}
+    aligned = {(i,): [['tt.divisibility', 16]] for i, n in enumerate(fn.arg_names)
+               if signature[n] not in ('constexpr', 'fp32')}
+    kernel = triton.compile(ASTSource(fn, signature, constexprs, aligned), target=GPUTarget('cuda', cc, 32),
+                            options=dict(num_warps=num_warps, num_stages=num_stages))
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / 'kernel.ptx'
+        ptx.write_text(kernel.asm['ptx'])
+        gpu = 'sm_90a' if cc == 90 else f'sm_{cc}'                # Triton's sm_90 PTX uses wgmma: sm_90a
+        log = subprocess.run([str(ptxas), '-v', f'--gpu-name={gpu}', str(ptx), '-o', str(Path(tmp) / 'kernel.cubin')],
+                             capture_output=True, text=True, check=True).stderr
+    number = lambda pattern: int(re.search(pattern, log).group(1))
+    return dict(regs=number(r'Used (\d+) registers'), spill_stores=number(r'(\d+) bytes spill stores'),
+                spill_loads=number(r'(\d+) bytes spill loads'), smem=kernel.metadata.shared)
+
+
+def aot(cfg):
+    """One JSON line per kernel and architecture: the yardstick first, then rel_attention_triton.py's kernels."""
+    ptxas, why = ptxas_path()
+    if ptxas is None:
+        print(json.dumps(dict(aot='skipped', reason=why)), flush=True)
+        return
+    import flash_yardstick
+    import rel_attention_triton as rel
+    D = cfg.d_head
+    for cc in AOT_ARCHS:
+        BQ, BK, num_warps, num_stages = rel.TILES[cc]
+        shapes = dict(BQ=BQ, BK=BK, HALF=triton_half(BQ, BK), BD=max(16, 1 << (D - 1).bit_length()), PRECISION='tf32')
+        kernels = [('flash_yardstick', flash_yardstick.flash_forward_kernel), ('forward', rel._forward_kernel),
+                   ('backward_keys', rel._backward_keys_kernel), ('backward_queries', rel._backward_queries_kernel)]
+        for name, fn in kernels:
+            constexprs = {n: v for n, v in shapes.items() if n in fn.arg_names}
+            line = dict(kernel=name, arch=f'sm_{cc}', tiles=f'{BQ},{BK},{num_warps},{num_stages}', D=D)
+            print(json.dumps({**line, **ptxas_report(ptxas, fn, cc, constexprs, num_warps, num_stages)}), flush=True)
+
+
+def triton_half(block_q, block_k):
+    """rel_attention_triton.py's HALF: half the band of block_q + block_k - 1 rows, padded to a power of two."""
+    return (1 << (block_q + block_k - 2).bit_length()) // 2
+
+
 def main(argv=None):
-    train.run_cli(lambda argv: run(common.parse(argv, AttnConfig)), sys.argv[1:] if argv is None else argv)
+    def go(argv):
+        cfg = common.parse(argv, AttnConfig)
+        if not cfg.aot:
+            return run(cfg)
+        if os.environ.get('TRITON_INTERPRET') == '1':   # the interpreter's kernels do not compile: a process that
+            env = {n: v for n, v in os.environ.items() if n != 'TRITON_INTERPRET'}     # imports triton afresh does
+            sys.stdout.flush()
+            subprocess.run([sys.executable, __file__, *argv], env=env, check=True)
+        else:
+            aot(cfg)
+    train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == '__main__':

@@ -693,20 +693,24 @@ def test_gpu_size_script_uses_flags_that_exist():
 
 def test_attn_kernels_dry_run_prints_one_json_line_per_path(capsys):
     """--quick on the CPU in float32: einsum, sdpa and flash are timed and sdpa equals the einsum path; triton, where
-    it is installed, runs interpreted and equals it too; flex (no backward on the CPU) says why it is skipped."""
+    it is installed, runs interpreted at each shipped tile (one line each) and equals it too; flex (no backward on the
+    CPU) says why it is skipped."""
     import importlib.util
     has_triton = importlib.util.find_spec('triton') is not None
     attn_kernels.main(['--device=cpu', '--dtype=float32', '--quick=True'])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    by_path = {line['path'].split('_')[0]: line for line in lines}   # triton_64,64,4: the default tiles
-    assert list(by_path) == list(attn_kernels.PATHS) and len(lines) == len(attn_kernels.PATHS)
+    by_path = {line['path'].split('_')[0]: line for line in lines}   # triton_64,64,8,2: the last tiles
+    tiles = attn_kernels.TRITON_TILES.split(';') if has_triton else []
+    assert list(by_path) == list(attn_kernels.PATHS) and len(lines) == len(attn_kernels.PATHS) - 1 + max(1, len(tiles))
+    assert [line['path'] for line in lines if line['path'].startswith('triton_')] == [f'triton_{t}' for t in tiles]
     assert all(line['T'] == attn_kernels.QUICK['seg_len'] and line['dtype'] == 'float32' for line in lines)
-    timed = ['einsum', 'sdpa', 'flash'] + (['triton'] if has_triton else [])
-    for name in timed:
-        assert by_path[name]['fwd_ms'] > 0 and by_path[name]['fwd_bwd_ms'] > 0, by_path[name]
-    for name in timed[1:]:
-        if name != 'flash':                                       # no positional term: nothing to compare
-            assert by_path[name]['max_abs_diff_out'] < 1e-5 and by_path[name]['max_abs_diff_grads'] < 1e-4, name
+    timed = [line for line in lines if line['path'] in ('einsum', 'sdpa', 'flash') or line['path'] in
+             [f'triton_{t}' for t in tiles]]
+    assert len(timed) == 3 + len(tiles)
+    for line in timed:
+        assert line['fwd_ms'] > 0 and line['fwd_bwd_ms'] > 0, line
+        if line['path'] not in ('einsum', 'flash'):               # flash: no positional term, nothing to compare
+            assert line['max_abs_diff_out'] < 1e-5 and line['max_abs_diff_grads'] < 1e-4, line
     assert 'skipped' in by_path['flex'] and ('skipped' in by_path['triton']) != has_triton
     with pytest.raises(SystemExit):
         attn_kernels.main(['--paths=einsum,cudnn'])

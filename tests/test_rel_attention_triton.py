@@ -300,3 +300,82 @@ def test_xl_with_triton_kernel_trains_like_sdpa_under_autocast():
     for (n, a), b in zip(models[0].named_parameters(), models[1].parameters()):
         scale = a.grad.abs().max().item() + 1e-12
         assert (a.grad - b.grad).abs().max().item() <= 5e-2 * scale, n
+
+
+# -----------------------------------------------------------------------------------------------------------
+# 5. What ptxas makes of each kernel at the tiles it ships (no GPU: compiled ahead of time for sm_90 and sm_80)
+
+TARGETS = dict(sm_90=dict(smem=200 * 1024, regs={4: 168, 8: 128}), sm_80=dict(smem=100 * 1024, regs={}))
+
+
+def bench_attn_kernels():
+    """bench/attn_kernels.py as a module (bench/ is not a package)."""
+    import sys
+    from pathlib import Path
+    bench = str(Path(__file__).resolve().parent.parent / 'bench')
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    return importlib.import_module('attn_kernels')
+
+
+@pytest.fixture(scope='module')
+def ptxas_lines():
+    """bench/attn_kernels.py --aot's lines, in a process of its own without the interpreter (a few minutes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    if not HAS_TRITON:
+        pytest.skip(NO_TRITON)
+    root = Path(__file__).resolve().parent.parent
+    env = {n: v for n, v in os.environ.items() if n != 'TRITON_INTERPRET'}
+    proc = subprocess.run([sys.executable, str(root / 'bench' / 'attn_kernels.py'), '--aot=True'], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{')]
+    if lines and lines[0].get('aot') == 'skipped':
+        pytest.skip(lines[0]['reason'])                            # triton without its nvidia backend or ptxas
+    return lines
+
+
+# Where the kernels miss the issue's targets today (ptxas, triton 3.8.0; lab/LOG.md 2026-11-28): listed, so that a
+# kernel that gets worse fails, and one that gets better fails too until its line here goes
+KNOWN_MISSES = {
+    ('forward', 'sm_90', 'regs'),                  # 207 registers at 8 warps (target 128), no spill
+    ('backward_keys', 'sm_90', 'regs'),            # 236, no spill
+    ('backward_queries', 'sm_90', 'regs'),         # 255
+    ('backward_queries', 'sm_90', 'spill'),        # 152 + 120 bytes a thread
+}
+
+
+def test_kernels_at_the_shipped_tiles_meet_the_targets(ptxas_lines):
+    """Every kernel on sm_90 and sm_80 at TILES: no spill, the registers and shared memory within the issue's targets
+    (sm_90: <= 168 registers a thread at 4 warps, <= 128 at 8; shared memory within 200 KB on sm_90, 100 KB on
+    sm_80), but for KNOWN_MISSES. The yardstick (a plain flash forward at the same tiles) is measured beside them."""
+    attn_kernels = bench_attn_kernels()
+    assert len(ptxas_lines) == 4 * len(attn_kernels.AOT_ARCHS)
+    misses = set()
+    for line in ptxas_lines:
+        where = f"{line['kernel']} {line['arch']} tiles {line['tiles']}: {line}"
+        tiles = kernel.TILES[int(line['arch'][3:])]
+        assert line['tiles'] == ','.join(map(str, tiles)) and line['regs'] > 0, where
+        if line['arch'] == 'sm_90':
+            assert min(tiles[:2]) >= 64, where                    # tensor cores busy: wgmma's 64 rows
+        if line['kernel'] == 'flash_yardstick':
+            continue
+        target = TARGETS[line['arch']]
+        checks = dict(spill=line['spill_stores'] == line['spill_loads'] == 0, smem=line['smem'] <= target['smem'],
+                      regs=line['regs'] <= target['regs'].get(tiles[2], 255))
+        misses |= {(line['kernel'], line['arch'], name) for name, ok in checks.items() if not ok}
+    assert misses == KNOWN_MISSES, (f"missed now but not listed: {misses - KNOWN_MISSES}; listed but met now "
+                                    f"(take them off KNOWN_MISSES): {KNOWN_MISSES - misses}")
+
+
+def test_bench_times_the_shipped_tiles():
+    """bench/attn_kernels.py's default --triton_tiles are TILES' (sm_90's, then sm_80's)."""
+    attn_kernels = bench_attn_kernels()
+    if kernel is None:
+        pytest.skip(NO_TRITON)
+    shipped = [','.join(map(str, kernel.TILES[cc])) for cc in attn_kernels.AOT_ARCHS]
+    assert attn_kernels.TRITON_TILES.split(';') == list(dict.fromkeys(shipped))
