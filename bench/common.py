@@ -35,6 +35,9 @@ DEMO_SIZE = dict(vocab_size=50304, n_layer=4, n_embd=128, n_head=4, d_head=32, d
 # The size people train (bench/gpu_size.sh, on a GPU): 16 layers, d 1024, 16 heads of 64, d_inner 4096, segment 512,
 # memory 512 (compressed memory 256 at c = 2, n_basis 512), GPT-2 vocabulary.
 GPU_SIZE = dict(vocab_size=50304, n_layer=16, n_embd=1024, n_head=16, d_head=64, d_inner=4096, seg_len=512)
+# The GPT-2 forms at the CPU demos' size: 4 layers, n_embd 128, 4 heads of 32 (GPT-2's MLP: 4 x 128 = the demos' d_inner
+# 512), segment 64, learned positions up to 128, GPT-2's own 50,257-token vocabulary.
+GPT2_DEMO_SIZE = dict(vocab_size=50257, n_layer=4, n_embd=128, n_head=4, n_positions=128, seg_len=64)
 SIZES = {'matched': (CPU_SIZE, dict(mem_len=128, cmem_len=64, n_basis=128)),
          'demo': (DEMO_SIZE, dict(mem_len=64, cmem_len=32, n_basis=150)),
          'gpu': (GPU_SIZE, dict(mem_len=512, cmem_len=256, n_basis=512))}
@@ -55,8 +58,20 @@ def variant_table(mem_len=128, cmem_len=64, n_basis=128):
     }
 
 
+def gpt2_variant_table():
+    """GPT-2 alone and the three memory forms built on it, each memory at its demo-size setting. Infini-attention
+    trains as config/infini_gpt2_pg19.py: the graph kept over 2 segments, the memory emptied every 2."""
+    return {
+        'gpt2': dict(model='gpt2'),                                   # GPT-2 alone: the reference of every ratio
+        'infformer_gpt2': dict(model='infformer_gpt2', n_basis=64, n_samples=128, ltm_reset_len=512, sticky=False),
+        'compressive_gpt2': dict(model='compressive_gpt2', cmem_len=64, mem_len=0, compression_rate=2),
+        'infini_gpt2': dict(model='infini_gpt2', memory_update='linear', bptt_segments=2, reset_every=2),
+    }
+
+
 VARIANTS = list(variant_table())
 ZERO_FIELDS = ('dropout', 'dropatt')     # benchmarks run without dropout; set where the Config has the field
+TRAIN_FIELDS = ('bptt_segments', 'reset_every')   # train.py's flags a variant may carry: how it trains, not its Config
 
 
 class Skip(Exception):
@@ -66,21 +81,26 @@ class Skip(Exception):
 def build(spec, seed=0, **overrides):
     """spec: {'model': name, **Config fields}; overrides win. -> (model, config). Raises Skip if the model file or
     a field does not exist. Dropout fields that the Config has are set to 0 unless given."""
-    spec = {**spec, **overrides}
+    spec = {k: v for k, v in {**spec, **overrides}.items() if k not in TRAIN_FIELDS}
     name = spec.pop('model')
-    if name not in train.available_models():
-        raise Skip(f"model_{name}.py is not in the repository")
-    module = train.import_model(name)
-    fields = {f.name for f in dataclasses.fields(module.Config)}
+    fields = config_fields(name)
     missing = sorted(set(spec) - fields)
     if missing:
         raise Skip(f"model_{name}.py's Config has no field {', '.join(missing)}")
     for f in ZERO_FIELDS:
         if f in fields:
             spec.setdefault(f, 0.0)
+    module = train.import_model(name)
     config = module.Config(**spec)
     torch.manual_seed(seed)
     return module.Model(config), config
+
+
+def config_fields(name):
+    """The Config fields of model_<name>.py; Skip if the file is not in the repository."""
+    if name not in train.available_models():
+        raise Skip(f"model_{name}.py is not in the repository")
+    return {f.name for f in dataclasses.fields(train.import_model(name).Config)}
 
 
 def select(table, names, strict=False):
@@ -104,9 +124,10 @@ def select(table, names, strict=False):
 
 
 def _probe_overrides(spec):
-    """Build a variant at a tiny size to see whether it exists (fields absent from the spec only)."""
-    tiny = dict(vocab_size=32, n_layer=2, n_embd=16, n_head=2, d_head=8, d_inner=16, seg_len=8)
-    return {k: v for k, v in tiny.items() if k not in spec}
+    """Build a variant at a tiny size to see whether it exists (fields absent from the spec, that its Config has)."""
+    tiny = dict(vocab_size=32, n_layer=2, n_embd=16, n_head=2, d_head=8, d_inner=16, seg_len=8, n_positions=8)
+    fields = config_fields(spec['model'])
+    return {k: v for k, v in tiny.items() if k not in spec and k in fields}
 
 
 # -----------------------------------------------------------------------------------------------------------

@@ -9,10 +9,11 @@ the model's KV cache (on CUDA also replayed as a CUDA graph) against recomputing
     python bench/speed.py --profile=lamemo                  # + torch.profiler tables of one eager fp32 step
     python bench/speed.py --size=demo --parts=train,eval --modes=eager   # step times at config/*_demo.py's size
     python bench/speed.py --vocab=256 --parts=train --out=bench/results/speed_bytes.json   # byte level (enwik8)
+    python bench/speed.py --suite=gpt2                      # GPT-2 alone and its memory forms, at the demos' size
 
 Background load from other processes moves absolute numbers, so everything runs in one process with the
 variants and modes interleaved round by round (each round runs one step of every entry), and we report medians
-over the timed rounds and ratios to the no-memory baseline measured in the same rounds.
+over the timed rounds and ratios to the no-memory baseline measured in the same rounds (--suite=gpt2: GPT-2 alone).
 
 Each training entry also gets its FLOP ratio (the baseline's flops_per_token / the model's: the speed ratio a
 model would reach if every FLOP ran equally fast) and its achieved FLOP/s as a fraction of this machine's matmul
@@ -31,6 +32,7 @@ except ImportError:
     resource = None
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -45,10 +47,25 @@ MODES = {  # name: (compiled, autocast dtype)
 }
 
 
+class Suite(NamedTuple):
+    table: object            # () -> {variant: spec} (common.py's tables), called with sizes[size][1]
+    sizes: dict              # {size name: (size fields, the table's arguments)}; the first is the default
+    baseline: str            # the variant every ratio is to
+    gen_seg_len: object      # generation's segment length: an int, or None for the size's seg_len
+
+
+SUITES = {
+    'xl': Suite(common.variant_table, common.SIZES, 'baseline', 512),    # Transformer-XL's files and their kin
+    'gpt2': Suite(common.gpt2_variant_table, {'demo': (common.GPT2_DEMO_SIZE, {})}, 'gpt2', None),   # GPT-2's forms:
+}                                               # generation within their learned positions (n_positions 128)
+
+
 @dataclass
 class SpeedConfig:
-    variants: str = 'all'          # comma-separated names from common.variant_table(), or all
-    size: str = 'matched'          # matched (common.CPU_SIZE) or demo (config/*_demo.py's size)
+    suite: str = 'xl'              # xl: common.variant_table(); gpt2: common.gpt2_variant_table() (GPT-2 and its forms)
+    variants: str = 'all'          # comma-separated names from the suite's table, or all
+    size: str = ''                 # xl: matched (common.CPU_SIZE, the default) or demo (config/*_demo.py's size);
+                                   # gpt2: demo (common.GPT2_DEMO_SIZE); '' = the suite's first
     vocab: int = 0                 # vocabulary size; 0 = the size's (GPT-2, 50304); 256 = byte level
     device: str = 'cpu'            # cpu, cuda, auto
     parts: str = 'train,eval,generate'   # what to measure (a subset runs faster)
@@ -57,7 +74,8 @@ class SpeedConfig:
     warmup: int = 3                # untimed rounds first (compilation happens in them)
     steps: int = 10                # timed rounds: medians over these
     eval_modes: str = 'eager,bf16'  # train.py evaluates the uncompiled model
-    gen_seg_len: int = 512         # generation: segment length of the generating models
+    gen_seg_len: int = 0           # generation: segment length of the generating models; 0 = the suite's (xl 512,
+                                   # gpt2 the size's seg_len)
     gen_tokens: int = 32           # tokens generated per timing, after a prompt of gen_seg_len / 2 tokens
     gen_rounds: int = 3
     profile: str = ''              # variants to profile (torch.profiler, one eager fp32 training step)
@@ -71,15 +89,22 @@ class SpeedConfig:
     def __post_init__(self):
         if self.vocab < 0:
             raise ValueError(f"vocab must be >= 1 (or 0 for the size's vocabulary), got {self.vocab}")
-        for name in ('batch_size', 'steps', 'gen_seg_len', 'gen_tokens', 'gen_rounds'):
+        for name in ('batch_size', 'steps', 'gen_tokens', 'gen_rounds'):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.gen_seg_len < 0:
+            raise ValueError(f"gen_seg_len must be >= 1 (or 0 for the suite's), got {self.gen_seg_len}")
         if self.peak_size < 0:
             raise ValueError(f"peak_size must be >= 1 (or 0 for the device's default), got {self.peak_size}")
         if self.gen_tokens < 2:
             raise ValueError("gen_tokens must be >= 2 (the time per token is measured between tokens)")
-        if self.size not in common.SIZES:
-            raise ValueError(f"size must be one of {', '.join(common.SIZES)}, got {self.size!r}")
+        if self.suite not in SUITES:
+            raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {self.suite!r}")
+        sizes = SUITES[self.suite].sizes
+        self.size = self.size or next(iter(sizes))
+        if self.size not in sizes:
+            raise ValueError(f"size must be one of {', '.join(sizes)} (suite {self.suite}), got {self.size!r}")
+        self.gen_seg_len = self.gen_seg_len or SUITES[self.suite].gen_seg_len or sizes[self.size][0]['seg_len']
         for field in ('modes', 'eval_modes'):
             for m in getattr(self, field).split(','):
                 if m and m not in MODES:
@@ -94,10 +119,14 @@ class SpeedConfig:
 
 
 class Entry:
-    """One (variant, mode) timed in the rounds: its own memory and data, the variant's shared weights."""
+    """One (variant, mode) timed in the rounds: its own memory and data, the variant's shared weights. A training step
+    is train.py's: bptt_segments segments with the graph kept, one backward; the memory emptied every reset_every
+    segments (0: never), in evaluation too."""
 
-    def __init__(self, variant, mode, model, compiled, optimizer, dtype, device, device_type, batch_size):
+    def __init__(self, variant, mode, model, compiled, optimizer, dtype, device, device_type, batch_size,
+                 bptt_segments=1, reset_every=0):
         self.variant, self.mode = variant, mode
+        self.bptt_segments, self.reset_every = bptt_segments, reset_every
         self.model, self.compiled, self.optimizer = model, compiled, optimizer
         self.ctx = common.autocast(device_type, dtype)
         c = model.config
@@ -107,22 +136,28 @@ class Entry:
         self.n = 0
         self.times = []
         self.faults = []                # minor page faults of each training step: fresh memory from the OS
-        self.tokens = batch_size * c.seg_len
+        self.tokens = batch_size * c.seg_len                          # per segment
+        self.everyone = torch.ones(batch_size, dtype=torch.bool, device=device)
 
     def batch(self):
+        if self.reset_every and self.n and self.n % self.reset_every == 0:
+            self.memory = self.model.reset_memory(self.memory, self.everyone)
         chunk = self.data[self.n % len(self.data)]
         self.n += 1
         return chunk[:, :-1], chunk[:, 1:]
 
     def train_step(self):
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource else 0
-        x, y = self.batch()
-        with self.ctx:
-            _, loss, memory, _ = self.compiled(x, self.memory, y)
-        loss.backward()
+        total = 0.0
+        for _ in range(self.bptt_segments):
+            x, y = self.batch()
+            with self.ctx:
+                _, loss, self.memory, _ = self.compiled(x, self.memory, y)
+            total = total + loss
+        (total / self.bptt_segments).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.memory = common.train.detach_memory(memory)
+        self.memory = common.train.detach_memory(self.memory)
         if resource:
             self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
 
@@ -133,27 +168,28 @@ class Entry:
             _, _, self.memory, _ = self.model(x, self.memory)
 
 
-def summarise(entries, flops=None, peak=None):
+def summarise(entries, flops=None, peak=None, baseline='baseline', train=True):
     """{variant: {mode: {tokens_per_s, step_s_median, first_step_s, ratio_to_baseline, ratio_to_eager}}}; with
     flops ({variant: flops_per_token}) and peak ({dtype: FLOP/s}) also flop_ratio (the baseline's FLOPs per token
-    / the variant's), ratio_over_flop_ratio (1 = as fast as its FLOPs allow, next to the baseline) and mfu."""
+    / the variant's), ratio_over_flop_ratio (1 = as fast as its FLOPs allow, next to the baseline) and mfu.
+    train=False: evaluation steps (one segment each)."""
     out = {}
     for e in entries:
         t = common.median(e.times)
         r = out.setdefault(e.variant, {})[e.mode] = {
-            'tokens_per_s': e.tokens / t, 'step_s_median': t, 'step_s': e.times,
+            'tokens_per_s': e.tokens * (e.bptt_segments if train else 1) / t, 'step_s_median': t, 'step_s': e.times,
             'first_step_s': getattr(e, 'first_step_s', None)}
         if e.faults:                    # over the timed steps (e.faults also holds the warm-up's)
             r['minor_faults_per_step'] = common.median(e.faults[-len(e.times):])
         if flops and peak:
             r['mfu'] = flops[e.variant] * r['tokens_per_s'] / peak[MODES[e.mode][1]]
-    base = out.get('baseline', {})
+    base = out.get(baseline, {})
     for name, modes in out.items():
         for mode, r in modes.items():
             if mode in base:
                 r['ratio_to_baseline'] = r['tokens_per_s'] / base[mode]['tokens_per_s']
-                if flops and 'baseline' in flops:
-                    r['flop_ratio'] = flops['baseline'] / flops[name]
+                if flops and baseline in flops:
+                    r['flop_ratio'] = flops[baseline] / flops[name]
                     r['ratio_over_flop_ratio'] = r['ratio_to_baseline'] / r['flop_ratio']
         if 'eager' in modes:
             for mode, r in modes.items():
@@ -295,7 +331,7 @@ def bf16_matmul_check(c, batch_size, device, device_type, reps=5):
     bf16 (no AVX512-BF16 / AMX: oneDNN reports no bf16 support) fall back to a scalar kernel that is tens of times
     slower than float32, which makes the bf16 modes meaningless there (and hours long at the matched size)."""
     a = torch.randn(batch_size * c.seg_len, c.n_embd, device=device)
-    b = torch.randn(c.n_embd, c.d_inner, device=device)
+    b = torch.randn(c.n_embd, getattr(c, 'd_inner', 4 * c.n_embd), device=device)    # GPT-2's MLP: 4 x n_embd
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         x, y = a.to(dtype), b.to(dtype)
@@ -343,7 +379,8 @@ def run(cfg, specs, size, argv=(), skipped=None):
 
     def entries(mode_list, models=models):
         return [Entry(name, mode, m, c if MODES[mode][0] else m, opt, MODES[mode][1], device, device_type,
-                      cfg.batch_size) for mode in mode_list for name, (m, c, opt) in models.items()]
+                      cfg.batch_size, *(specs[name].get(k, d) for k, d in (('bptt_segments', 1), ('reset_every', 0))))
+                for mode in mode_list for name, (m, c, opt) in models.items()]
 
     train_entries = entries(modes)
     common.run_rounds(train_entries, Entry.train_step, cfg.warmup, cfg.steps, device_type, 'train')
@@ -360,13 +397,15 @@ def run(cfg, specs, size, argv=(), skipped=None):
                          Path(cfg.out).with_name(f'profile_{name}.txt'))
     peak = matmul_peak(device, device_type, sorted({MODES[m][1] for m in modes}),
                        peak_matrix_size(cfg, device_type)) if modes else {}
-    train_result, eval_result = summarise(train_entries, flops, peak), summarise(eval_entries)
+    baseline = SUITES[cfg.suite].baseline
+    train_result = summarise(train_entries, flops, peak, baseline)
+    eval_result = summarise(eval_entries, baseline=baseline, train=False)
     del models, train_entries, eval_entries                       # free the weights before generation
     generation = bench_generation(specs, size, cfg, device, device_type) if 'generate' in parts else {}
 
     result = {'config': dataclasses.asdict(cfg), 'size': size, 'specs': specs, 'skipped': skipped or {},
-              'device': device, 'n_params': n_params, 'flops_per_token': flops, 'matmul_peak_flops': peak,
-              'bf16_matmul': bf16_check, 'bf16_skipped': bf16_skipped,
+              'baseline': baseline, 'device': device, 'n_params': n_params, 'flops_per_token': flops,
+              'matmul_peak_flops': peak, 'bf16_matmul': bf16_check, 'bf16_skipped': bf16_skipped,
               'train': train_result, 'eval': eval_result, 'generate': generation}
     result['targets'] = check_targets(result)
     common.write_json(cfg.out, result, 'bench/speed.py', argv)
@@ -385,23 +424,24 @@ def check_targets(result):
     """The targets: training tokens/s of every memory model >= 0.75x the baseline's (per mode);
     compile + bf16 >= 1.8x eager fp32 for every model; generation with the cache >= 5x recomputing (on CUDA the step
     replayed as a CUDA graph), with the same greedy tokens."""
-    out = {}
+    out, baseline = {}, result.get('baseline', 'baseline')
     for name in dict.fromkeys(list(result['train']) + list(result['generate'])):
         modes, t = result['train'].get(name, {}), {}
-        if name != 'baseline':
+        if name != baseline:
             t.update({f'{mode}_vs_baseline>=0.75': r['ratio_to_baseline'] >= 0.75
                       for mode, r in modes.items() if 'ratio_to_baseline' in r})
         if 'compile_bf16' in modes and 'eager' in modes:
             t['compile_bf16_vs_eager>=1.8'] = modes['compile_bf16']['ratio_to_eager'] >= 1.8
-        if name != 'baseline' and 'ratio_over_flop_ratio' in modes.get('eager', {}):
+        if name != baseline and 'ratio_over_flop_ratio' in modes.get('eager', {}):
             t['eager_vs_flop_ratio>=0.9'] = modes['eager']['ratio_over_flop_ratio'] >= 0.9
-        base = result['train'].get('baseline', {})
+        base = result['train'].get(baseline, {})
         for compiled, plain in (('compile', 'eager'), ('compile_bf16', 'bf16')):
             if compiled in modes and plain in modes:
                 gain = modes[compiled]['tokens_per_s'] / modes[plain]['tokens_per_s']
                 t[f'{compiled}_vs_{plain}>=1'] = gain >= 1.0
-                if name != 'baseline' and compiled in base and plain in base:
-                    t[f'{compiled}_gain>=baseline'] = gain >= base[compiled]['tokens_per_s'] / base[plain]['tokens_per_s']
+                if name != baseline and compiled in base and plain in base:
+                    base_gain = base[compiled]['tokens_per_s'] / base[plain]['tokens_per_s']
+                    t[f'{compiled}_gain>=baseline'] = gain >= base_gain
         g = result['generate'].get(name)
         if g:                                                     # on CUDA the captured step is the cache's
             t['generate_cache>=5x'] = g.get('speedup_captured', g['speedup']) >= 5
@@ -432,8 +472,10 @@ def print_table(result):
 
 
 def main(argv=None):
-    common.cli(argv, SpeedConfig, run, table=lambda cfg: common.variant_table(**common.SIZES[cfg.size][1]),
-               size=lambda cfg: {**common.SIZES[cfg.size][0], **({'vocab_size': cfg.vocab} if cfg.vocab else {})})
+    def sizes(cfg):
+        return SUITES[cfg.suite].sizes[cfg.size]
+    common.cli(argv, SpeedConfig, run, table=lambda cfg: SUITES[cfg.suite].table(**sizes(cfg)[1]),
+               size=lambda cfg: {**sizes(cfg)[0], **({'vocab_size': cfg.vocab} if cfg.vocab else {})})
 
 
 if __name__ == '__main__':

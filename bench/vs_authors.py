@@ -1,23 +1,31 @@
 """
 nanomem against the authors' code at the same size: training tokens/s (forward + backward + AdamW, memory carried)
-of model_xl.py, model_lamemo.py and model_infformer.py next to the code their papers released, interleaved round
-by round in one process, medians over the timed rounds.
+of model_xl.py, model_lamemo.py, model_infformer.py and model_infformer_gpt2.py next to the code their papers
+released, interleaved round by round in one process, medians over the timed rounds.
 
     python bench/vs_authors.py --xl_repo=PATH --lamemo_repo=PATH --infformer_repo=PATH
     python bench/vs_authors.py --infformer_repo=PATH --vocab=50304 --out=bench/results/vs_authors_gpt2.json
+    python bench/vs_authors.py --infformer_gpt2_repo=PATH --out=bench/results/vs_authors_infformer_gpt2.json
 
 Their code is not in this repository. Point the flags at checkouts of (the commits we timed):
   --xl_repo         kimiyoung/transformer-xl 44781ed, pytorch/mem_transformer.py (attn_type 0)
   --lamemo_repo     thu-coai/LaMemo 911d1d1, pytorch/mem_transformer.py (attn_type 3, their default)
   --infformer_repo  deep-spin/infinite-former 6bf094c, sorting/mem_transformer.py with the flags of
                     sorting/run_sort_inftyformer.sh (LTM, unbounded memory, CNN mask, KL regulariser)
+  --infformer_gpt2_repo  the same checkout, finetune_gpt2/src/transformers/models/gpt2/ (modeling_gpt2.py,
+                    long_term_attention.py) with finetune_gpt2/infinite_memory_transformer/config.json's settings
 Each needs a few edits to import and run on torch 2.x (and on a CPU); EDITS lists them with their reasons, and they
 are made to the source text as it is loaded (the checkout is not changed). An edit whose text is not found is an
-error: the checkout is another commit. Modules their files import but never use are stubbed (STUBS).
+error: the checkout is another commit. Modules their files import but never use are stubbed (STUBS). Their GPT-2
+is a file of transformers 4.5 (relative imports of its package): the names it imports come from the installed
+transformers (5.x) where 5.x still has them, and PreTrainedModel is the few lines of 4.5 it uses (Transformers45Model).
 
 Both models of a pair get the same size, memory and LTM settings: our Config is set to the constants the authors'
 code fixes (for the ∞-former: 512 sample points, RBF widths {0.01, 0.05}, τ 0.75, ridge λ 1, σ² ≥ 1e-6, u and v
 shared by the layers). Their weights are drawn N(0, 0.02) (LayerNorm gains 1): their own init lives in train.py.
+The GPT-2 pair runs at bench/speed.py --suite=gpt2's size and memory (common.GPT2_DEMO_SIZE, gpt2_variant_table()),
+their constants set to it (the LTM's segment of 512, the threshold of 2,048 tokens, M = 512: EDITS); their GPT-2 is
+initialised as theirs (GPT-2's init, lm_head tied to wte) and its weights are copied into ours (GPT2_NAMES).
 """
 
 import sys
@@ -39,6 +47,8 @@ class VsAuthorsConfig:
     xl_repo: str = ''              # a kimiyoung/transformer-xl checkout ('' = skip the pair)
     lamemo_repo: str = ''          # a thu-coai/LaMemo checkout
     infformer_repo: str = ''       # a deep-spin/infinite-former checkout
+    infformer_gpt2_repo: str = ''  # a deep-spin/infinite-former checkout: finetune_gpt2/ against model_infformer_gpt2
+    gpt2_overrides: str = ''       # field=integer,... over the GPT-2 pair's size and memory (e.g. n_layer=2,seg_len=32)
     vocab: int = 256               # 256 = byte level (the memories do the work); 50304 = GPT-2
     n_layer: int = 4               # the matched size of bench/speed.py
     n_embd: int = 256              # = n_head * d_head (the ∞-former's code needs it)
@@ -69,6 +79,7 @@ class VsAuthorsConfig:
         if self.n_embd != self.n_head * self.d_head:
             raise ValueError(f"n_embd must equal n_head * d_head (the authors' ∞-former needs it), got "
                              f"{self.n_embd} != {self.n_head} * {self.d_head}")
+        gpt2_spec(self)                                  # a one-line error for a bad --gpt2_overrides
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -96,7 +107,29 @@ EDITS = {
             ('self.augment_len=augment_len\n', 'self.augment_len=augment_len\n        self.augment=True\n',
              '_update_mems reads self.augment, never set (their script passes --augment)')]),
     ]),
+    'infformer_gpt2': ('finetune_gpt2/src/transformers/models/gpt2', [
+        ('basis_functions', 'basis_functions.py', []),
+        ('continuous_softmax', 'continuous_softmax.py', []),
+        ('continuous_sparsemax', 'continuous_sparsemax.py', [NO_ANOMALY]),
+        ('long_term_attention', 'long_term_attention.py', [
+            ("self.device = 'cuda'", 'self.device = DEVICE', 'the device is hard-coded'),
+            ('self.mem_threshold=2048', "self.mem_threshold=kwargs['mem_threshold']",
+             "the memory threshold is fixed at GPT-2 small's 2,048 tokens: set to ours (ltm_reset_len)"),
+            ('self.nb_samples=512', "self.nb_samples=kwargs['nb_samples']",
+             "M is fixed at GPT-2 small's 512: set to ours (n_samples)")]),
+        ('configuration_gpt2', 'configuration_gpt2.py', []),
+        ('modeling_gpt2', 'modeling_gpt2.py', [
+            ('length=512,\n', 'length=config.ltm_length,\n',
+             "the LTM's segment is fixed at their --block_size 512: set to seg_len"),
+            ('target_len=512,', 'target_len=config.ltm_length,', 'the same'),
+            ('sticky_memories=config.sticky_memories,\n',
+             'sticky_memories=config.sticky_memories, mem_threshold=config.mem_threshold, '
+             'nb_samples=config.nb_samples,\n', "pass the two constants above from the config")]),
+    ]),
 }
+# The GPT-2 pair's files import from their transformers 4.5 package (`from ...modeling_utils import ...`): they are
+# loaded as modules of this package, whose other modules STUBS makes.
+PACKAGES = {'infformer_gpt2': 'authors_transformers.models.gpt2'}
 
 
 def _stub(name, **attrs):
@@ -109,6 +142,64 @@ def _unused(*args, **kwargs):
     raise NotImplementedError("stubbed by bench/vs_authors.py: not used by the timed configuration")
 
 
+def _no_docs(*args, **kwargs):
+    """transformers' docstring decorators: the docstrings are not needed (5.x's check them against 5.x's models)."""
+    return lambda f: f
+
+
+class Transformers45Model(torch.nn.Module):
+    """What the authors' GPT-2 uses of transformers 4.5's PreTrainedModel, as 4.5 does it: init_weights applies
+    _init_weights to every module, then ties the output layer to the input embedding; get_head_mask without a head
+    mask. (5.x's PreTrainedModel initialises and ties through post_init and _tied_weights_keys, which a 4.5 model
+    neither calls nor has, and has no get_head_mask.)"""
+
+    def __init__(self, config, *inputs, **kwargs):
+        super().__init__()
+        self.config = config
+
+    def init_weights(self):
+        self.apply(self._init_weights)
+        output = self.get_output_embeddings() if hasattr(self, 'get_output_embeddings') else None
+        if output is not None:
+            output.weight = getattr(self, self.base_model_prefix).get_input_embeddings().weight
+
+    def get_head_mask(self, head_mask, num_hidden_layers):
+        if head_mask is not None:
+            raise NotImplementedError("stubbed by bench/vs_authors.py: no head mask")
+        return [None] * num_hidden_layers
+
+    @property
+    def dtype(self):
+        return next(self.parameters()).dtype
+
+
+def _transformers_stubs(folder):
+    """The modules of their transformers 4.5 package that the GPT-2 files import, from the installed transformers."""
+    from transformers import PretrainedConfig, activations, modeling_outputs, pytorch_utils, utils
+    top = PACKAGES['infformer_gpt2'].split('.')[0]
+    outputs = ('BaseModelOutputWithPastAndCrossAttentions', 'CausalLMOutputWithCrossAttentions',
+               'SequenceClassifierOutputWithPast')
+    docs = ('add_code_sample_docstrings', 'add_start_docstrings', 'add_start_docstrings_to_model_forward',
+            'replace_return_docstrings')
+    return {
+        top: _stub(top, __path__=[]), f'{top}.models': _stub(f'{top}.models', __path__=[]),
+        f'{top}.models.gpt2': _stub(f'{top}.models.gpt2', __path__=[str(folder)]),
+        f'{top}.activations': _stub(f'{top}.activations', ACT2FN=activations.ACT2FN),
+        f'{top}.file_utils': _stub(f'{top}.file_utils', ModelOutput=utils.ModelOutput,
+                                   **dict.fromkeys(docs, _no_docs)),
+        f'{top}.modeling_outputs': _stub(f'{top}.modeling_outputs',
+                                         **{n: getattr(modeling_outputs, n) for n in outputs}),
+        f'{top}.modeling_utils': _stub(f'{top}.modeling_utils', Conv1D=pytorch_utils.Conv1D,
+                                       PreTrainedModel=Transformers45Model, SequenceSummary=_unused,
+                                       find_pruneable_heads_and_indices=_unused, prune_conv1d_layer=_unused),
+        f'{top}.configuration_utils': _stub(f'{top}.configuration_utils', PretrainedConfig=PretrainedConfig),
+        f'{top}.utils': _stub(f'{top}.utils', logging=utils.logging, __path__=[]),
+        f'{top}.utils.model_parallel_utils': _stub(f'{top}.utils.model_parallel_utils', assert_device_map=_unused,
+                                                   get_device_map=_unused),
+        'entmax': _stub('entmax', Sparsemax=_unused, Entmax15=_unused, EntmaxBisect=_unused),
+        'matplotlib': _stub('matplotlib'), 'matplotlib.pyplot': _stub('matplotlib.pyplot')}
+
+
 # Imported by the ∞-former's files but not used with the flags of run_sort_inftyformer.sh (two of them are not in
 # the repository at all); LaMemo's utils/__init__.py imports its DDP helpers, so utils is a bare package here.
 STUBS = {
@@ -119,6 +210,7 @@ STUBS = {
         'entmax': _stub('entmax', Sparsemax=_unused, Entmax15=_unused, EntmaxBisect=_unused),
         'matplotlib': _stub('matplotlib'), 'matplotlib.pyplot': _stub('matplotlib.pyplot')},
     'lamemo': lambda folder: {'utils': _stub('utils', __path__=[str(folder / 'utils')])},
+    'infformer_gpt2': _transformers_stubs,
 }
 # Top-level names the three checkouts share (each has its own utils/proj_adaptive_softmax.py, ...): dropped from
 # sys.modules before and after a load, so no pair imports another's.
@@ -129,6 +221,7 @@ SHARED = ('utils', 'proj_adaptive_softmax', 'log_uniform_sampler', 'mem_transfor
 def load_authors(pair, repo, device):
     """The authors' model module of `pair` from the checkout `repo`, with EDITS made to its files."""
     folder_name, files = EDITS[pair]
+    package = PACKAGES.get(pair)
     folder = Path(repo) / folder_name
     if not folder.is_dir():
         raise UserError(f"--{pair}_repo={repo}: no folder {folder_name}/ there (a checkout of the authors' code?)")
@@ -147,8 +240,9 @@ def load_authors(pair, repo, device):
                     raise UserError(f"{path}: expected {old.strip()!r} to edit ({why}); is it the commit named in "
                                     f"bench/vs_authors.py?")
                 source = source.replace(old, new)
+            name = f'{package}.{name}' if package else name
             module = types.ModuleType(name)
-            module.__file__, module.DEVICE = str(path), str(device)
+            module.__file__, module.DEVICE, module.__package__ = str(path), str(device), package
             sys.modules[name] = module                   # the next file's `from <name> import ...` finds it
             exec(compile(source, str(path), 'exec'), module.__dict__)
         if torch.is_anomaly_enabled():                   # would slow every model of the process
@@ -174,8 +268,45 @@ def _forget(names, keep_as=''):
 # The pairs at one size
 
 
+def gpt2_spec(cfg):
+    """The GPT-2 pair's size and memory: bench/speed.py --suite=gpt2's infformer_gpt2, with --gpt2_overrides."""
+    spec = {**common.GPT2_DEMO_SIZE, **common.gpt2_variant_table()['infformer_gpt2']}
+    for key, value in common.override_items(cfg.gpt2_overrides):
+        if key not in spec or isinstance(spec[key], bool) or not isinstance(spec[key], int):
+            known = ', '.join(k for k, v in spec.items() if type(v) is int)
+            raise ValueError(f"gpt2_overrides: {key!r} is not one of {known}")
+        spec[key] = common.int_list(value, 'gpt2_overrides')[0]
+    return spec
+
+
+# Their parameter names -> ours: the GPT-2 part is named as theirs (Hugging Face's); the LTM's modules are renamed.
+# Their proj_query is built but never read (the LTM reads GPT-2's query), so it has no counterpart.
+GPT2_NAMES = {'long_term_attention.proj_key.': 'ltm.key_net.', 'long_term_attention.proj_value.': 'ltm.value_net.',
+              'long_term_attention.attn_out.': 'ltm.o_net.', 'long_term_attention.mu.': 'ltm.mu_affine.',
+              'long_term_attention.sigma.': 'ltm.sigma_affine.', 'long_term_attention.mask_net.': 'ltm.gate.'}
+
+
+def copy_gpt2_weights(theirs, mine):
+    """Their GPT-2 ∞-former's weights into ours (Conv1D weights, stored (in, out), transposed). -> names copied"""
+    params = dict(mine.named_parameters())
+    copied = []
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():                  # lm_head.weight is wte's (tied): named once
+            if '.proj_query.' in name:
+                continue
+            for old, new in GPT2_NAMES.items():
+                name = name.replace(old, new)
+            conv1d = name.endswith(('attn.c_attn.weight', 'attn.c_proj.weight', 'mlp.c_fc.weight', 'mlp.c_proj.weight'))
+            params[name].copy_(p.t() if conv1d else p)
+            copied.append(name)
+    return copied
+
+
 def ours(pair, cfg):
     """Our model of the pair at cfg's size, with the constants the authors' code fixes."""
+    if pair == 'infformer_gpt2':                          # our defaults are their GPT-2 code's constants
+        model, _ = common.build(gpt2_spec(cfg))
+        return model
     size = dict(vocab_size=cfg.vocab, n_layer=cfg.n_layer, n_embd=cfg.n_embd, n_head=cfg.n_head, d_head=cfg.d_head,
                 d_inner=cfg.d_inner, seg_len=cfg.seg_len, mem_len=cfg.mem_len, untie_r=False)
     if pair == 'infformer':
@@ -186,7 +317,18 @@ def ours(pair, cfg):
 
 
 def authors(pair, module, cfg):
-    """The authors' MemTransformerLM of the pair at cfg's size."""
+    """The authors' MemTransformerLM of the pair at cfg's size (the GPT-2 pair: their GPT2LMHeadModel)."""
+    if pair == 'infformer_gpt2':                          # finetune_gpt2/infinite_memory_transformer/config.json
+        s = gpt2_spec(cfg)
+        config = module.GPT2Config(
+            vocab_size=s['vocab_size'], n_positions=s['n_positions'], n_ctx=s['n_positions'], n_embd=s['n_embd'],
+            n_layer=s['n_layer'], n_head=s['n_head'], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            long_term_attention=True, long_term_attention_basis=s['n_basis'], long_term_attention_norm='softmax',
+            continuous=True, infinite_memory=True, affines=True, mask=True, mask_type='cnn', mask_dropout=0,
+            attn_drop=0.0, kl_regularizer=True, sigma_0=0.05, mu_0=-1, sticky_memories=s['sticky'],
+            add_cross_attention=False,                    # a 4.5 PretrainedConfig default that 5.x no longer sets
+            ltm_length=s['seg_len'], mem_threshold=s['ltm_reset_len'], nb_samples=s['n_samples'])   # EDITS' fields
+        return module.GPT2LMHeadModel(config)
     kw = dict(n_token=cfg.vocab, n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.n_embd, d_head=cfg.d_head,
               d_inner=cfg.d_inner, dropout=0.0, dropatt=0.0, tgt_len=cfg.seg_len, mem_len=cfg.mem_len, ext_len=0,
               cutoffs=[])
@@ -215,10 +357,12 @@ class Entry:
         self.fn = common.compile_model(model) if compiled else model
         self.ctx = common.autocast(device_type, dtype)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        self.data = [common.random_tokens(cfg.batch_size, cfg.seg_len + 1, cfg.vocab, seed=i, device=device)
+        seg_len, vocab = (cfg.seg_len, cfg.vocab) if pair != 'infformer_gpt2' else (
+            gpt2_spec(cfg)['seg_len'], gpt2_spec(cfg)['vocab_size'])
+        self.data = [common.random_tokens(cfg.batch_size, seg_len + 1, vocab, seed=i, device=device)
                      for i in range(4)]
         self.memory = model.init_memory(cfg.batch_size, device) if who == 'nanomem' else ()
-        self.tokens, self.n, self.times = cfg.batch_size * cfg.seg_len, 0, []
+        self.tokens, self.n, self.times = cfg.batch_size * seg_len, 0, []
 
     def step(self):
         chunk = self.data[self.n % len(self.data)]
@@ -228,6 +372,9 @@ class Entry:
             if self.who == 'nanomem':
                 _, loss, memory, _ = self.fn(x, self.memory, y)
                 self.memory = common.train.detach_memory(memory)
+            elif self.pair == 'infformer_gpt2':          # batch-first, labels shifted inside; + kl_m * KL (trainer.py)
+                out, kl = self.fn(input_ids=x, labels=x)
+                loss = out.loss + (1e-6 * kl.mean() if kl is not None else 0.0)
             else:
                 loss = self._authors_loss(x.t().contiguous(), y.t().contiguous())
         loss.backward()
@@ -250,15 +397,19 @@ def run(cfg, argv):
     device, device_type = common.setup(cfg.device)
     torch.manual_seed(0)
     entries = []
-    for pair in ('xl', 'lamemo', 'infformer'):
+    for pair in ('xl', 'lamemo', 'infformer', 'infformer_gpt2'):
         repo = getattr(cfg, f'{pair}_repo')
         if repo:
             module = load_authors(pair, repo, device)
             for mode in cfg.modes.split(','):            # each mode its own copy: compile caches per module
-                entries += [Entry(pair, 'authors', mode, authors(pair, module, cfg), cfg, device, device_type),
-                            Entry(pair, 'nanomem', mode, ours(pair, cfg), cfg, device, device_type)]
+                theirs, mine = authors(pair, module, cfg), ours(pair, cfg)
+                if pair == 'infformer_gpt2':
+                    copy_gpt2_weights(theirs, mine)
+                entries += [Entry(pair, 'authors', mode, theirs, cfg, device, device_type),
+                            Entry(pair, 'nanomem', mode, mine, cfg, device, device_type)]
     if not entries:
-        raise UserError("nothing to time: give --xl_repo, --lamemo_repo and/or --infformer_repo")
+        raise UserError("nothing to time: give --xl_repo, --lamemo_repo, --infformer_repo and/or "
+                        "--infformer_gpt2_repo")
     common.run_rounds(entries, Entry.step, cfg.warmup, cfg.rounds, device_type, 'train')
     results = {}
     for e in entries:                                    # {pair: {who: {mode: ...}, 'ratio': {mode: ours / theirs}}}
@@ -276,6 +427,8 @@ def run(cfg, argv):
                   f"{ratio:>6.2f}   {theirs['parameters']:,} / {mine['parameters']:,}")
     size = {k: getattr(cfg, k) for k in ('vocab', 'n_layer', 'n_embd', 'n_head', 'd_head', 'd_inner', 'seg_len',
                                          'mem_len', 'n_basis', 'batch_size')}
+    if cfg.infformer_gpt2_repo:
+        size['gpt2'] = gpt2_spec(cfg)
     common.write_json(cfg.out, {'device': str(device), 'size': size, 'results': results,
                                 'edits': {p: [(f, why) for _, f, ed in files for _, _, why in ed]
                                           for p, (_, files) in EDITS.items()}},

@@ -38,6 +38,14 @@ TINY_VARIANTS = {
     'infformer_sticky': dict(TINY_MODELS['infformer'], sticky=True),
 }
 
+# the GPT-2 suite (speed.py --suite=gpt2): GPT-2 alone and its memory forms, tiny, with the suite's training flags
+TINY_GPT2_VARIANTS = {
+    'gpt2': TINY_MODELS['gpt2'],
+    'infformer_gpt2': dict(TINY_MODELS['infformer_gpt2'], sticky=False),
+    'compressive_gpt2': TINY_MODELS['compressive_gpt2'],
+    'infini_gpt2': dict(TINY_MODELS['infini_gpt2'], bptt_segments=2, reset_every=2),
+}
+
 
 def has_matplotlib():
     try:
@@ -153,6 +161,57 @@ def test_generate_recompute_crosses_segments():
     a = model.generate(prompt, 2 * c.seg_len + 1, temperature=0.0)
     b = speed.generate_recompute(model, prompt, 2 * c.seg_len + 1)
     assert torch.equal(a, b)
+
+
+def test_gpt2_suite_is_gpt2_and_its_memory_forms_at_the_demo_size():
+    """--suite=gpt2: every GPT-2 form of the repository, GPT-2 alone the reference, at the demos' size (seg_len 64,
+    generation inside the learned positions); --size names a size of the suite."""
+    table = common.gpt2_variant_table()
+    assert set(table) == set(TINY_GPT2_VARIANTS) and speed.SUITES['gpt2'].baseline == 'gpt2'
+    forms = {n for n in common.train.available_models() if getattr(common.train.import_model(n).Model, 'gpt2_form',
+                                                                   False)}
+    assert {spec['model'] for spec in table.values()} == forms
+    specs, skipped = common.select(table, 'all', strict=True)          # every form builds with these fields
+    assert list(specs) == list(table) and not skipped
+    cfg = speed.SpeedConfig(suite='gpt2')
+    assert cfg.size == 'demo' and cfg.gen_seg_len == common.GPT2_DEMO_SIZE['seg_len'] == 64
+    assert speed.SpeedConfig().size == 'matched' and speed.SpeedConfig().gen_seg_len == 512
+    for flags, message in ((['--suite=gpt2', '--size=matched'], 'size must be one of demo'),
+                           (['--suite=gpt3'], 'suite must be one of')):
+        with pytest.raises(common.train.UserError, match=message):
+            common.parse(flags, speed.SpeedConfig)
+
+
+def test_speed_gpt2_suite_smoke(tmp_path):
+    """A quick run of the GPT-2 suite writes a row per form, every ratio to GPT-2 alone."""
+    cfg = speed.SpeedConfig(suite='gpt2', modes='eager', eval_modes='eager', batch_size=2, warmup=1, steps=1,
+                            gen_seg_len=8, gen_tokens=4, gen_rounds=1, peak_size=64, out=str(tmp_path / 's.json'),
+                            plot=False)
+    speed.run(cfg, TINY_GPT2_VARIANTS, {})
+    r = json.loads((tmp_path / 's.json').read_text())
+    assert r['baseline'] == 'gpt2' and r['train']['gpt2']['eager']['ratio_to_baseline'] == 1.0
+    for n in TINY_GPT2_VARIANTS:
+        t, e = r['train'][n]['eager'], r['eval'][n]['eager']
+        assert t['tokens_per_s'] > 0 and e['tokens_per_s'] > 0 and 'ratio_to_baseline' in t and 'flop_ratio' in t
+        assert r['generate'][n]['same_greedy_tokens'], n
+        assert ('eager_vs_baseline>=0.75' in r['targets'][n]) == (n != 'gpt2')
+    infini = r['train']['infini_gpt2']['eager']                  # a step of 2 segments: twice the tokens
+    assert infini['tokens_per_s'] == pytest.approx(2 * 2 * 8 / infini['step_s_median'])
+
+
+def test_a_training_step_keeps_the_graph_over_bptt_segments_and_empties_the_memory_every_reset_every():
+    """Infini-attention as config/infini_gpt2_pg19.py trains it: 2 segments a step, the memory emptied every 2."""
+    model, c = common.build(TINY_GPT2_VARIANTS['infini_gpt2'])
+    opt = speed.make_optimizer(model, 'cpu')
+    entry = speed.Entry('infini_gpt2', 'eager', model, model, opt, 'float32', 'cpu', 'cpu', 2, bptt_segments=2,
+                        reset_every=2)
+    for _ in range(2):
+        entry.train_step()
+        assert entry.memory.length.tolist() == [2 * c.seg_len] * 2 and not entry.memory.M.requires_grad
+    carried = speed.Entry('infini_gpt2', 'eager', model, model, opt, 'float32', 'cpu', 'cpu', 2, bptt_segments=2)
+    carried.train_step()
+    carried.train_step()
+    assert carried.memory.length.tolist() == [4 * c.seg_len] * 2
 
 
 # -----------------------------------------------------------------------------------------------------------
