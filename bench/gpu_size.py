@@ -56,6 +56,7 @@ class SizeConfig:
     backend: str = 'inductor'      # torch.compile's backend; eager: a dry run that traces without inductor's time
     peak_size: int = 0             # the measured product's n; 0 = 8192 on a GPU, 256 on a CPU
     results_dir: str = ''          # the per-variant JSONs (time) / where merge reads them
+    attn_kernel: str = ''          # '' each model's default; sdpa, einsum or triton: every variant whose Config has it
     fill_log: str = ''             # merge: the fill stage's JSON lines (cold first steps), if any
     profiles: str = ''             # merge: the profiles' tables go here; '' = beside out, <out>_profiles.txt
     out: str = str(common.RESULTS / 'gpu_size.json')
@@ -69,6 +70,9 @@ class SizeConfig:
         for m in self.modes.split(','):
             if m not in MODES:
                 raise ValueError(f"unknown mode {m!r}; known: {', '.join(MODES)}")
+        if self.attn_kernel not in ('', 'sdpa', 'einsum', 'triton'):
+            raise ValueError(f"attn_kernel must be '' (each model's default), sdpa, einsum or triton, got "
+                             f"{self.attn_kernel!r}")
         if self.profile not in ('missed', 'all', 'none'):
             raise ValueError(f"profile must be missed, all or none, got {self.profile!r}")
         for name in ('batch_size', 'steps', 'profile_steps'):
@@ -278,6 +282,9 @@ def main(argv=None):
         if cfg.stage == 'merge':
             return stage_merge(cfg, argv)
         specs, _ = common.select(common.variant_table(**SIZES[cfg.size][1]), cfg.variants, cfg.strict)
+        if cfg.attn_kernel:
+            specs = {n: {**spec, 'attn_kernel': cfg.attn_kernel}
+                     if 'attn_kernel' in common.config_fields(spec['model']) else spec for n, spec in specs.items()}
         device, device_type = common.setup(cfg.device)
         size = SIZES[cfg.size][0]
         if cfg.stage == 'fill':
