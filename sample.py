@@ -19,6 +19,7 @@ too, is fed as its raw bytes, and bytes it makes that are not valid UTF-8 are sh
 
 import codecs
 import math
+import signal
 import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -33,14 +34,29 @@ def interrupted(kind, value, traceback):
     sys.exit(130)
 
 
+def ctrl_c_noted(signum, frame):
+    """Ctrl-C while torch is imported: noted, and acted on once the imports are done. A KeyboardInterrupt raised
+    inside an import can be swallowed by the imported code's own `except:` (seen: 1 of 16 tries), and the sample would
+    then run on."""
+    ctrl_c_noted.pressed = True
+
+
 if __name__ == '__main__':
-    sys.excepthook = interrupted          # also while torch is still being imported, before main() runs
+    sys.excepthook = interrupted
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # an inherited "ignore" stays (a background job)
+        signal.signal(signal.SIGINT, ctrl_c_noted)
 
 import torch  # noqa: E402
 
 import pretrained  # noqa: E402
 from train import (UserError, REPO, import_model, parse_args, load_checkpoint, model_from_checkpoint,
                    resolve_device, resolve_dtype, autocast_context, run_cli)
+
+
+if signal.getsignal(signal.SIGINT) is ctrl_c_noted:            # imported: Ctrl-C raises KeyboardInterrupt again
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if getattr(ctrl_c_noted, 'pressed', False):
+    interrupted(KeyboardInterrupt, None, None)
 
 
 # Below it sampling is greedy in all but name (logit gaps of 0.1 become 10), and logits / temperature can

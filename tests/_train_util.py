@@ -118,13 +118,14 @@ def assert_identical(a, b, where='ckpt'):
         assert a == b, (where, a, b)
 
 
-def run_main(argv, capsys):
-    """train.main in-process -> (exit code, stdout, stderr of this call only); user errors must exit with 2."""
+def run_main(argv, capsys, main=None):
+    """train.main (or another script's main) in-process -> (exit code, stdout, stderr of this call only); user errors
+    must exit with 2. A fresh process costs seconds of imports: one command-line case per script is enough."""
     import pytest
     import train
     capsys.readouterr()
     with pytest.raises(SystemExit) as exc:
-        train.main(argv)
+        (main or train.main)(argv)
     out, err = capsys.readouterr()
     return exc.value.code, out, err
 

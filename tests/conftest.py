@@ -13,6 +13,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
+# Under pytest-xdist (`make test` runs the suite on every core, `-n`): the cores shared out among the workers, so that
+# two workers' torch threads do not fight over the same cores (subprocesses already get one: _train_util.ENV)
+WORKERS = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '0'))
+if WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -699,6 +699,27 @@ def test_gpu_size_dry_run_runs_the_whole_script(tmp_path):
     assert 'MISSED' in proc.stdout or 'met' in proc.stdout
 
 
+def test_gpu_attn_dry_run_runs_the_whole_script(tmp_path):
+    """bench/gpu_attn.sh gets one call on a lent GPU: DRY_RUN=1 runs it on the CPU (the kernels interpreted, one tile,
+    the triton path only): the attention paths' lines with the kernel's differences from einsum, XL's step timed on
+    attn_kernel='triton', at most 8 files in $OUT, no traceback."""
+    import os
+    import subprocess
+    out = tmp_path / 'out'
+    env = dict(os.environ, DRY_RUN='1', OUT=str(out), PY=sys.executable, OMP_NUM_THREADS='1', KERNELS='triton',
+               TILES='16,16,4,2')
+    proc = subprocess.run(['bash', 'bench/gpu_attn.sh'], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0 and 'Traceback' not in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ['attn_kernels.jsonl', 'log.txt', 'tests.txt', 'xl_triton.json'], files
+    lines = {r['path']: r for r in map(json.loads, (out / 'attn_kernels.jsonl').read_text().splitlines())}
+    assert lines['triton_16,16,4,2']['max_abs_diff_grads'] < 1e-4 and lines['sdpa']['fwd_bwd_ms'] > 0
+    part = json.loads((out / 'xl_triton.json').read_text())
+    assert part['spec']['attn_kernel'] == 'triton' and part['train']['xl']['eager']['tokens_per_s'] > 0
+    assert 'skipped' in (out / 'tests.txt').read_text()             # the GPU cases, on a CPU
+
+
 def test_gpu_size_targets_are_the_issues():
     """The targets at the size people train: MFU of XL >= 35% and the baseline >= 40% (compile + bf16), every memory
     model >= 0.9x its FLOP ratio next to the baseline, compile + bf16 >= 2x eager fp32, Infini busy >= 90%; the
