@@ -336,7 +336,8 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=None, block_k=N
     r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where allowed (keys in
     a query's future are masked whatever it says). Everything is cast to v's dtype.
     block_q, block_k (powers of two, >= 16), num_warps, num_stages: the tiles, warps and prefetch stages of every
-    kernel; each left None is TILES' for the device (not yet timed on a GPU).
+    kernel (the ∂r_k kernel: block_q square, POSITIONS_STAGES); each left None is TILES' for the device (not yet timed
+    on a GPU).
     -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
     if q_u.device.type != 'cuda' and not INTERPRETED:
         raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "
