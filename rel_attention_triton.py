@@ -29,11 +29,15 @@ Backward (G = d · P ∘ (dP - δ), δ_i = Σ_j P_ij dP_ij - ∂L/∂lse_i, dP =
     ∂(q+u) = G k,  ∂k = Gᵀ (q+u),  ∂v = Pᵀ dO,
     ∂(q+v)_i = Σ_j G_ij r_k[c(i,j)]:  the tile's G un-skewed into band space (G_band[a, t] = G[a, t + a - BQ + 1]),
                                        then a (BQ, HALF) x (HALF, D) product per half of the band,
-    ∂r_k[c] = Σ_b Σ_{i,j: c(i,j)=c} G_ij (q+v)_i:  G_bandᵀ (q+v) per tile, added into a float32 (H, K, D) with atomics
-                                       (every batch row and every tile on the same diagonal adds to the same rows).
+    ∂r_k[c] = Σ_b Σ_{i,j: c(i,j)=c} G_ij (q+v)_i:  G_bandᵀ (q+v), summed over every batch row and every tile on the
+                                       same diagonal (j0 - i0), which all cover the same rows of r_k.
 The model passes q + u and q + v as two inputs, so autograd sums their gradients into q, u (r_w_bias) and v (r_r_bias).
-Two backward kernels: one per key tile (∂k, ∂v in registers), one per query tile (∂(q+u), ∂(q+v), and the atomics of
-∂r_k), each recomputing the probabilities from the stored log-sum-exp.
+Three backward kernels, each recomputing the probabilities from the stored log-sum-exp: one per key tile (∂k, ∂v), one
+per query tile (∂(q+u), ∂(q+v)), one per diagonal of square tiles and head (∂r_k: the band's two halves of each
+diagonal, summed over batch rows and tiles in registers; the upper half of diagonal n covers the rows of the lower
+half of n + 1, and the caller adds the two). ∂r_k once came from the queries kernel with float32 atomics: their
+(HALF, D) pointers and the second accumulator made it spill (lab/LOG.md); the third kernel's recompute costs the
+flops of one more pass over the tiles, and no atomics.
 
 Inputs bf16 (or float32); products accumulate in float32, the log-sum-exp is float32. Attention dropout (dropatt) is
 not implemented: the models refuse attn_kernel='triton' with dropatt > 0. On the CPU the kernels run under Triton's
@@ -44,6 +48,7 @@ torch.compile leaves them out of its graph. On CUDA it traces them (user-written
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -51,10 +56,12 @@ INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit r
 
 # The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages), chosen
 # with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: tiles of 64
-# (wgmma's 64 rows keep the tensor cores busy) over 8 warps, where the forward and the keys kernel do not spill (at 4
-# warps they do); sm_80: tiles of 32 over 4 warps (at 64 every kernel spills, at 4 warps or 8). 2 stages of prefetch.
+# (wgmma's 64 rows keep the tensor cores busy) over 8 warps, where no kernel spills (at 4 warps they do); sm_80: tiles
+# of 32 over 4 warps (at 64 every kernel spills, at 4 warps or 8). 2 stages of prefetch, but for the ∂r_k kernel
+# (POSITIONS_STAGES: the prefetch of its five tiles a step made it spill on sm_80, and with triton 3.6 on sm_90).
 # Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
 TILES = {90: (64, 64, 8, 2), 80: (32, 32, 4, 2)}
+POSITIONS_STAGES = 1
 
 
 @triton.jit
@@ -72,33 +79,44 @@ def _store_rows(ptr, first, offs, n, offs_d, D, x):
 
 
 @triton.jit
-def _band_scores(qv, R_ptr, h, c0, K, D, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr,
+def _band(R_ptr, h, c0, K, D, HALF: tl.constexpr, BD: tl.constexpr):
+    """The band of r_k a tile needs, rows c0 .. c0 + 2 HALF - 1, as its two halves (HALF, BD); zero outside 0..K-1."""
+    offs_d = tl.arange(0, BD)
+    return (_rows(R_ptr, h * K, c0 + tl.arange(0, HALF), K, offs_d, D),
+            _rows(R_ptr, h * K, c0 + HALF + tl.arange(0, HALF), K, offs_d, D))
+
+
+@triton.jit
+def _band_scores(qv, band_lo, band_hi, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr,
                  PRECISION: tl.constexpr):
     """(b)+(d) of the tile moved into place: entry (a, b) is (q_a + v)·r_k[c0 + t], t = b - a + BQ - 1 (BQ, BK).
     The band's BQ + BK - 1 rows are two halves of HALF rows: one (BQ, D) x (D, HALF) product per half, each skewed
     (tl.gather along its rows) before the next is made, so that only a (BQ, HALF) float32 tile is live at a time."""
-    offs_d = tl.arange(0, BD)
     t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1               # (BQ, BK) t of entry (a, b)
-    band = _rows(R_ptr, h * K, c0 + tl.arange(0, HALF), K, offs_d, D)              # (HALF, BD) rows c0 + t
-    lo = tl.gather(tl.dot(qv, tl.trans(band), input_precision=PRECISION), tl.minimum(t, HALF - 1), 1)
-    band = _rows(R_ptr, h * K, c0 + HALF + tl.arange(0, HALF), K, offs_d, D)       # rows c0 + HALF + t
-    hi = tl.gather(tl.dot(qv, tl.trans(band), input_precision=PRECISION), tl.maximum(t - HALF, 0), 1)
+    lo = tl.gather(tl.dot(qv, tl.trans(band_lo), input_precision=PRECISION), tl.minimum(t, HALF - 1), 1)
+    hi = tl.gather(tl.dot(qv, tl.trans(band_hi), input_precision=PRECISION), tl.maximum(t - HALF, 0), 1)
     return tl.where(t < HALF, lo, hi)
 
 
 @triton.jit
-def _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                 BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, qv = q + v, (BQ, BD)) against keys j0..j0+BK-1, -inf where
-    masked -> scores (BQ, BK) and the key tile k (BK, BD)."""
+def _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
+                 BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, PRECISION: tl.constexpr):
+    """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, qv = q + v, (BQ, BD)) against keys j0..j0+BK-1 (k, (BK, BD)),
+    given the tile's band (_band at c0 = j0 - i0 - BQ + T), -inf where masked: (BQ, BK)."""
     offs_i, offs_j = i0 + tl.arange(0, BQ), j0 + tl.arange(0, BK)
-    k = _rows(K_ptr, bh * K + j0, tl.arange(0, BK), K - j0, tl.arange(0, BD), D)      # (BK, BD)
     score = tl.dot(qu, tl.trans(k), input_precision=PRECISION)                        # (a) + (c): (q_i + u)·k_j
-    score += _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, HALF, BD, PRECISION)   # (b) + (d)
+    score += _band_scores(qv, band_lo, band_hi, BQ, BK, HALF, PRECISION)              # (b) + (d)
     allowed = ((K - T + offs_i[:, None] - offs_j[None, :]) >= 0) & (offs_i[:, None] < T) & (offs_j[None, :] < K)
     allowed = allowed & (tl.load(MASK_ptr + mask_base + offs_i[:, None] * stride_mt + offs_j[None, :],
                                  mask=allowed, other=0) != 0)                           # the caller's mask
-    return tl.where(allowed, score * scale, float('-inf')), k
+    return tl.where(allowed, score * scale, float('-inf'))
+
+
+@triton.jit
+def _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK: tl.constexpr, BD: tl.constexpr):
+    """Keys j0..j0+BK-1: k, v (BK, BD)."""
+    offs, offs_d = tl.arange(0, BK), tl.arange(0, BD)
+    return _rows(K_ptr, bh * K + j0, offs, K - j0, offs_d, D), _rows(V_ptr, bh * K + j0, offs, K - j0, offs_d, D)
 
 
 @triton.jit
@@ -127,9 +145,10 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
     acc = tl.zeros([BQ, BD], tl.float32)
     hi = tl.minimum(K, K - T + i0 + BQ)                                # keys past hi are in every query's future
     for j0 in range(0, hi, BK):
-        score, k = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                                BQ, BK, HALF, BD, PRECISION)
-        v = _rows(V_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)          # (BK, BD)
+        k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
+        band_lo, band_hi = _band(R_ptr, h, j0 - i0 - BQ + T, K, D, HALF, BD)
+        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
+                             BQ, BK, HALF, PRECISION)
         m_new = tl.maximum(m_i, tl.max(score, 1))
         m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)         # a row with nothing allowed yet
         p = tl.exp(score - m_safe[:, None])                            # (BQ, BK), 0 where masked
@@ -150,15 +169,16 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
     """∂k = Gᵀ (q + u), ∂v = Pᵀ dO for one tile of keys, over the query tiles that can see it."""
     j0, bh = tl.program_id(0) * BK, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BK), tl.arange(0, BD)
-    v = _rows(V_ptr, bh * K + j0, offs, K - j0, offs_d, D)            # (BK, BD)
+    k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
     mask_base = (bh // H) * stride_mb
     dk = tl.zeros([BK, BD], tl.float32)
     dv = tl.zeros([BK, BD], tl.float32)
     first = tl.maximum(j0 - (K - T), 0) // BQ * BQ                   # earlier queries see none of these keys
     for i0 in range(first, T, BQ):
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
-        score, k = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                                BQ, BK, HALF, BD, PRECISION)
+        band_lo, band_hi = _band(R_ptr, h, j0 - i0 - BQ + T, K, D, HALF, BD)
+        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
+                             BQ, BK, HALF, PRECISION)
         p = tl.exp(score - lse[:, None])                              # (BQ, BK) the probabilities, 0 where masked
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)       # (BQ, BK)
@@ -169,10 +189,25 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
 
 
 @triton.jit
-def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DQU, DQV, DR, stride_mb, stride_mt,
+def _band_ungather(g, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr):
+    """The skew of the tile's G (BQ, BK) undone: G_band[a, t] = G[a, t + a - BQ + 1] for the band's lower half (rows
+    c0 + t) and its upper half (rows c0 + HALF + t), (BQ, HALF) each, zero where that is no key of the tile."""
+    a, t = tl.arange(0, BQ)[:, None], tl.arange(0, HALF)[None, :]
+    if BQ == BK:      # HALF = BK: one gather serves both halves, the key of (a, t) being (t + a + 1) mod BK
+        g_band = tl.gather(g, (t + a + 1) % BK, 1)
+        return tl.where(t + a + 1 >= BK, g_band, 0.0), tl.where(t + a + 1 < BK, g_band, 0.0)
+    key = t + a - BQ + 1                                               # (BQ, HALF) the key of (a, t), lower half
+    lo = tl.where((key >= 0) & (key < BK), tl.gather(g, tl.minimum(tl.maximum(key, 0), BK - 1), 1), 0.0)
+    key += HALF
+    hi = tl.where((key >= 0) & (key < BK), tl.gather(g, tl.minimum(tl.maximum(key, 0), BK - 1), 1), 0.0)
+    return lo, hi
+
+
+@triton.jit
+def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DQU, DQV, stride_mb, stride_mt,
                              H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr,
                              BD: tl.constexpr, PRECISION: tl.constexpr):
-    """∂(q + u) = G k and ∂(q + v) = G_band r_band for one tile of queries; ∂r_k += G_bandᵀ (q + v) with atomics."""
+    """∂(q + u) = G k and ∂(q + v) = G_band r_band for one tile of queries, over the key tiles it can see."""
     i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
     qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
@@ -181,26 +216,53 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
     dqv = tl.zeros([BQ, BD], tl.float32)
     hi = tl.minimum(K, K - T + i0 + BQ)
     for j0 in range(0, hi, BK):
-        score, k = _tile_scores(qu, qv, K_ptr, R_ptr, MASK_ptr, bh, h, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                                BQ, BK, HALF, BD, PRECISION)
-        v = _rows(V_ptr, bh * K + j0, tl.arange(0, BK), K - j0, offs_d, D)
+        k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
+        band_lo, band_hi = _band(R_ptr, h, j0 - i0 - BQ + T, K, D, HALF, BD)
+        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
+                             BQ, BK, HALF, PRECISION)
         p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale                         # (BQ, BK) ∂L/∂A^rel
         dqu += tl.dot(g.to(k.dtype), k, input_precision=PRECISION)
-        c0 = j0 - i0 - BQ + T
-        for half in tl.static_range(2):                               # the band's two halves, one after the other
-            offs_c = c0 + half * HALF + tl.arange(0, HALF)            # (HALF,) its rows
-            key = tl.arange(0, HALF)[None, :] + half * HALF + offs[:, None] - BQ + 1   # (BQ, HALF) key b of (a, t)
-            g_band = tl.gather(g, tl.minimum(tl.maximum(key, 0), BK - 1), 1)
-            g_band = tl.where((key >= 0) & (key < BK), g_band, 0.0).to(qv.dtype)   # (BQ, HALF) the skew undone
-            band = _rows(R_ptr, h * K, offs_c, K, offs_d, D)          # (HALF, BD)
-            dqv += tl.dot(g_band, band, input_precision=PRECISION)
-            d_band = tl.dot(tl.trans(g_band), qv, input_precision=PRECISION)        # (HALF, BD)
-            tl.atomic_add(DR + (h * K + offs_c[:, None]) * D + offs_d[None, :], d_band,
-                          mask=(offs_c[:, None] >= 0) & (offs_c[:, None] < K) & (offs_d[None, :] < D))
+        g_lo, g_hi = _band_ungather(g, BQ, BK, HALF)
+        dqv += tl.dot(g_lo.to(qv.dtype), band_lo, input_precision=PRECISION)
+        dqv += tl.dot(g_hi.to(qv.dtype), band_hi, input_precision=PRECISION)
     _store_rows(DQU, bh * T + i0, offs, T - i0, offs_d, D, dqu)
     _store_rows(DQV, bh * T + i0, offs, T - i0, offs_d, D, dqv)
+
+
+@triton.jit
+def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DR, stride_mb, stride_mt,
+                               B, H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr,
+                               BD: tl.constexpr, PRECISION: tl.constexpr):
+    """Σ G_bandᵀ (q + v) over the tiles of one diagonal (j0 - i0 fixed) of one head, every batch row: the band's
+    lower and upper halves, (HALF, D) each, into DR[h, diagonal] (no atomics: the caller adds halves that overlap).
+    Square tiles (BQ = BK = HALF). The tiles of every batch row are one loop: nested loops spilled."""
+    n, h = tl.program_id(0), tl.program_id(1)
+    offs_d = tl.arange(0, BD)
+    dd = (n + 1) * BQ - tl.cdiv(T, BQ) * BQ                           # j0 - i0 of this diagonal
+    hi = tl.where(dd < K - T + BQ, tl.minimum(T, K - dd), 0)          # nothing if every tile is in the future
+    d_lo = tl.zeros([HALF, BD], tl.float32)
+    d_hi = tl.zeros([HALF, BD], tl.float32)
+    band_lo, band_hi = _band(R_ptr, h, dd - BQ + T, K, D, HALF, BD)  # the same rows for every tile of the diagonal
+    first_i0 = tl.maximum(-dd, 0)
+    n_i0 = tl.cdiv(tl.maximum(hi - first_i0, 0), BQ)                  # the tiles of the diagonal in each batch row
+    for m in range(0, B * n_i0):                                      # one loop over every batch row's tiles
+        b, i0 = m // n_i0, first_i0 + (m % n_i0) * BQ
+        bh = b * H + h
+        qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
+        k, v = _key_rows(K_ptr, V_ptr, bh, i0 + dd, K, D, BK, BD)
+        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, i0 + dd, b * stride_mb, stride_mt, T, K,
+                             scale, BQ, BK, HALF, PRECISION)
+        p = tl.exp(score - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        g = p * (dp - delta[:, None]) * scale
+        g_lo, g_hi = _band_ungather(g, BQ, BK, HALF)
+        d_lo += tl.dot(tl.trans(g_lo.to(qv.dtype)), qv, input_precision=PRECISION)
+        d_hi += tl.dot(tl.trans(g_hi.to(qv.dtype)), qv, input_precision=PRECISION)
+    first = (h * tl.num_programs(0) + n) * 2 * HALF
+    _store_rows(DR, first, tl.arange(0, HALF), HALF, offs_d, D, d_lo)
+    _store_rows(DR, first + HALF, tl.arange(0, HALF), HALF, offs_d, D, d_hi)
 
 
 def _launch_shape(q_u, k, block_q, block_k):
@@ -211,6 +273,22 @@ def _launch_shape(q_u, k, block_q, block_k):
 
 def _precision(dtype):
     return 'ieee' if dtype == torch.float32 else 'tf32'   # float32 inputs: exact products, as the reference
+
+
+def _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, scale, S, common):
+    """∂r_k: _backward_positions_kernel at square tiles of S (block_q) writes each diagonal's two halves of the band
+    (rows c0(n) .. c0(n) + 2S - 1, c0(n) = (n + 1 - cdiv(T, S)) S - S + T), and the halves that cover the same rows
+    (the upper one of diagonal n, the lower one of n + 1) are added here."""
+    B, H, T, D = q_u.shape
+    K = k.size(2)
+    n = triton.cdiv(T, S) + triton.cdiv(K, S) - 1                    # the diagonals that cross the (T, K) scores
+    halves = torch.empty(H, n, 2, S, D, device=r_k.device, dtype=torch.float32)
+    _backward_positions_kernel[(n, H)](q_u, q_v, k, v, r_k, mask, d_out, lse, delta, halves, mask.stride(0),
+                                       mask.stride(2), B, H, T, K, D, scale,
+                                       **{**common, 'BQ': S, 'BK': S, 'HALF': S, 'num_stages': POSITIONS_STAGES})
+    rows = F.pad(halves[:, :, 0], (0, 0, 0, 0, 0, 1)) + F.pad(halves[:, :, 1], (0, 0, 0, 0, 1, 0))   # (H, n + 1, S, D)
+    first = triton.cdiv(T, S) * S - T                                 # row 0 of r_k, in those rows
+    return rows.reshape(H, (n + 1) * S, D)[:, first:first + K].to(r_k.dtype)
 
 
 class RelAttention(torch.autograd.Function):
@@ -244,11 +322,11 @@ class RelAttention(torch.autograd.Function):
             q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dk, dv, mask.stride(0), mask.stride(2), H, T, K, D,
             ctx.scale, **common)
         dq_u, dq_v = torch.empty_like(q_u), torch.empty_like(q_v)
-        d_r = torch.zeros(r_k.shape, device=r_k.device, dtype=torch.float32)   # atomics add in float32
         _backward_queries_kernel[(triton.cdiv(T, block_q), B * H)](
-            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dq_u, dq_v, d_r, mask.stride(0), mask.stride(2), H, T, K, D,
+            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dq_u, dq_v, mask.stride(0), mask.stride(2), H, T, K, D,
             ctx.scale, **common)
-        return dq_u, dq_v, dk, dv, d_r.to(r_k.dtype), None, None, None, None, None, None
+        d_r = _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, ctx.scale, block_q, common)
+        return dq_u, dq_v, dk, dv, d_r, None, None, None, None, None, None
 
 
 def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=None, block_k=None, num_warps=None,
@@ -258,7 +336,8 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=None, block_k=N
     r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where allowed (keys in
     a query's future are masked whatever it says). Everything is cast to v's dtype.
     block_q, block_k (powers of two, >= 16), num_warps, num_stages: the tiles, warps and prefetch stages of every
-    kernel; each left None is TILES' for the device (not yet timed on a GPU).
+    kernel (the ∂r_k kernel: block_q square, POSITIONS_STAGES); each left None is TILES' for the device (not yet timed
+    on a GPU).
     -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
     if q_u.device.type != 'cuda' and not INTERPRETED:
         raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "

@@ -21,10 +21,11 @@ positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
 --aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90 and sm_80 at the tiles it
-ships for each (its TILES), beside a plain causal flash forward at the same tiles (bench/flash_yardstick.py), and the
-ptxas in the triton wheel says what each costs: one JSON line per kernel and architecture with registers per thread,
-spilled bytes per thread (stores, loads) and shared memory (Triton's allocation). The arguments are specialised as the
-JIT specialises them at the size above (every pointer 16-byte aligned, every integer a multiple of 16).
+ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the same
+tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says what each costs: one JSON line per kernel and
+architecture with registers per thread, spilled bytes per thread (stores, loads) and shared memory (Triton's
+allocation). The arguments are specialised as the JIT specialises them at the size above (every pointer 16-byte aligned,
+every integer a multiple of 16).
 """
 
 import json
@@ -242,7 +243,7 @@ def run(cfg):
 # --aot: what ptxas makes of each kernel, without a GPU
 
 AOT_ARCHS = (90, 80)
-AOT_TYPES = {'MASK_ptr': '*i1', 'LSE': '*fp32', 'DELTA': '*fp32', 'DR': '*fp32', 'scale': 'fp32',
+AOT_TYPES = {'MASK_ptr': '*i1', 'LSE': '*fp32', 'DELTA': '*fp32', 'DR': '*fp32', 'scale': 'fp32', 'B': 'i32',
              'stride_mb': 'i32', 'stride_mt': 'i32', 'H': 'i32', 'T': 'i32', 'K': 'i32', 'D': 'i32'}   # others: bf16
 
 
@@ -290,12 +291,15 @@ def aot(cfg):
     for cc in AOT_ARCHS:
         BQ, BK, num_warps, num_stages = rel.TILES[cc]
         shapes = dict(BQ=BQ, BK=BK, HALF=triton_half(BQ, BK), BD=max(16, 1 << (D - 1).bit_length()), PRECISION='tf32')
-        kernels = [('flash_yardstick', flash_yardstick.flash_forward_kernel), ('forward', rel._forward_kernel),
-                   ('backward_keys', rel._backward_keys_kernel), ('backward_queries', rel._backward_queries_kernel)]
-        for name, fn in kernels:
+        kernels = [('flash_yardstick', flash_yardstick.flash_forward_kernel, num_stages),
+                   ('forward', rel._forward_kernel, num_stages),
+                   ('backward_keys', rel._backward_keys_kernel, num_stages),
+                   ('backward_queries', rel._backward_queries_kernel, num_stages),
+                   ('backward_positions', rel._backward_positions_kernel, rel.POSITIONS_STAGES)]
+        for name, fn, stages in kernels:
             constexprs = {n: v for n, v in shapes.items() if n in fn.arg_names}
-            line = dict(kernel=name, arch=f'sm_{cc}', tiles=f'{BQ},{BK},{num_warps},{num_stages}', D=D)
-            print(json.dumps({**line, **ptxas_report(ptxas, fn, cc, constexprs, num_warps, num_stages)}), flush=True)
+            line = dict(kernel=name, arch=f'sm_{cc}', tiles=f'{BQ},{BK},{num_warps},{stages}', D=D)
+            print(json.dumps({**line, **ptxas_report(ptxas, fn, cc, constexprs, num_warps, stages)}), flush=True)
 
 
 def triton_half(block_q, block_k):

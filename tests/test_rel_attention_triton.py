@@ -370,8 +370,8 @@ def ptxas_lines():
 KNOWN_MISSES = {
     ('forward', 'sm_90', 'regs'),                  # 207 registers at 8 warps (target 128), no spill
     ('backward_keys', 'sm_90', 'regs'),            # 236, no spill
-    ('backward_queries', 'sm_90', 'regs'),         # 255
-    ('backward_queries', 'sm_90', 'spill'),        # 152 + 120 bytes a thread
+    ('backward_queries', 'sm_90', 'regs'),         # 244, no spill (∂r_k moved to its own kernel)
+    ('backward_positions', 'sm_90', 'regs'),       # 255, no spill (one stage)
 }
 
 
@@ -380,11 +380,13 @@ def test_kernels_at_the_shipped_tiles_meet_the_targets(ptxas_lines):
     (sm_90: <= 168 registers a thread at 4 warps, <= 128 at 8; shared memory within 200 KB on sm_90, 100 KB on
     sm_80), but for KNOWN_MISSES. The yardstick (a plain flash forward at the same tiles) is measured beside them."""
     attn_kernels = bench_attn_kernels()
-    assert len(ptxas_lines) == 4 * len(attn_kernels.AOT_ARCHS)
+    assert len(ptxas_lines) == 5 * len(attn_kernels.AOT_ARCHS)
     misses = set()
     for line in ptxas_lines:
         where = f"{line['kernel']} {line['arch']} tiles {line['tiles']}: {line}"
         tiles = kernel.TILES[int(line['arch'][3:])]
+        if line['kernel'] == 'backward_positions':                 # one stage, whatever the others take
+            tiles = (*tiles[:3], kernel.POSITIONS_STAGES)
         assert line['tiles'] == ','.join(map(str, tiles)) and line['regs'] > 0, where
         if line['arch'] == 'sm_90':
             assert min(tiles[:2]) >= 64, where                    # tensor cores busy: wgmma's 64 rows
