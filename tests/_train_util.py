@@ -130,6 +130,19 @@ def run_main(argv, capsys, main=None):
     return exc.value.code, out, err
 
 
+def assert_bad_input_is_one_line(script, main, base_args, cases, capsys):
+    """Each (args, fragment) of cases exits 2 with one `error:` line naming fragment: the first from the command line
+    (a fresh process: `python script ...`), the others in-process through main, which costs no imports."""
+    (args, fragment), *rest = cases
+    r = run_python([script, *base_args, *args])
+    assert r.returncode == 2
+    assert_one_line_error(r.stderr, fragment)
+    for args, fragment in rest:
+        code, _, err = run_main([*base_args, *args], capsys, main)
+        assert code == 2
+        assert_one_line_error(err, fragment)
+
+
 def signal_after_log_lines(command, out_dir, n_lines, signum, timeout=60, start_timeout=120):
     """Run command (a list, from the repository root) until out_dir/log.jsonl has n_lines lines (training has
     started, the signal handlers are set), send it signum, and wait. -> (exit status, stdout, stderr)"""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import train
-from _train_util import assert_one_line_error, run_main, run_python
+from _train_util import assert_bad_input_is_one_line
 from test_longdoc import dataset
 from data.tokenizer import bytes_tokenizer
 
@@ -115,15 +115,9 @@ def test_finished_runs_and_summary(tmp_path):
 
 
 def test_bad_input_is_a_one_line_error(tmp_path, capsys):
-    """From the command line once (a fresh process), then in-process."""
-    r = run_python(['bench/demos.py', f'--out_root={tmp_path}', '--variants=xl,nope'])
-    assert r.returncode == 2
-    assert_one_line_error(r.stderr, "'nope'")
-    for args, fragment in ((['--jobs=0'], 'jobs'), (['--threads=-1'], 'threads'), (['--seeds=1,x'], 'seeds'),
-                           (['--suite=chars'], 'suite'), (['--nonsense=1'], 'nonsense')):
-        code, _, err = run_main([f'--out_root={tmp_path}', *args], capsys, demos.main)
-        assert code == 2
-        assert_one_line_error(err, fragment)
+    assert_bad_input_is_one_line('bench/demos.py', demos.main, [f'--out_root={tmp_path}'], [
+        (['--variants=xl,nope'], "'nope'"), (['--jobs=0'], 'jobs'), (['--threads=-1'], 'threads'),
+        (['--seeds=1,x'], 'seeds'), (['--suite=chars'], 'suite'), (['--nonsense=1'], 'nonsense')], capsys)
 
 
 def test_end_to_end(tmp_path, capsys):

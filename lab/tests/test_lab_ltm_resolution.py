@@ -60,16 +60,10 @@ def test_measures():
 
 
 def test_bad_input_is_a_one_line_error(tmp_path, capsys):
-    """From the command line once (a fresh process), then in-process."""
-    from _train_util import assert_one_line_error, run_main, run_python
-    r = run_python(['lab/ltm_resolution.py', f'--out={tmp_path}/x.json', '--setting=nope'])
-    assert r.returncode == 2
-    assert_one_line_error(r.stderr, 'setting')
-    for args, fragment in ((['--n_basis=63'], 'n_basis'), (['--floors=a'], 'floors'), (['--depths=0'], 'depths'),
-                           (['--tau=a'], 'tau'), (['--tau=1.5'], 'tau')):
-        code, _, err = run_main([f'--out={tmp_path}/x.json', *args], capsys, ltm_resolution.main)
-        assert code == 2
-        assert_one_line_error(err, fragment)
+    from _train_util import assert_bad_input_is_one_line
+    assert_bad_input_is_one_line('lab/ltm_resolution.py', ltm_resolution.main, [f'--out={tmp_path}/x.json'], [
+        (['--setting=nope'], 'setting'), (['--n_basis=63'], 'n_basis'), (['--floors=a'], 'floors'),
+        (['--depths=0'], 'depths'), (['--tau=a'], 'tau'), (['--tau=1.5'], 'tau')], capsys)
 
 
 def test_tau_sweep_trades_near_depths_for_far_ones(tmp_path):
