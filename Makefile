@@ -24,10 +24,11 @@ demo: data
 	$(PYTHON) train.py config/xl_demo.py
 	$(PYTHON) sample.py --out_dir=out-demo --start="ROMEO. " --max_new_tokens=200 --seed=1
 
-# one test worker a core (pytest-xdist), at most TEST_WORKERS: the subprocess tests start 2 more processes each
+# one test worker a core (pytest-xdist), at most TEST_WORKERS: the subprocess tests start 2 more processes each;
+# worksteal: an idle worker takes tests queued on a busy one (the longest tests would otherwise end the run alone)
 TEST_WORKERS ?= 4
 test: install-test
-	$(PYTHON) -m pytest -q -n auto --maxprocesses=$(TEST_WORKERS) tests lab/tests
+	$(PYTHON) -m pytest -q -n auto --maxprocesses=$(TEST_WORKERS) --dist=worksteal tests lab/tests
 
 # after a change to a block other model files copy (`# Copied from`): rewrite the copies from it (tests/_copies.py)
 fix-copies:
