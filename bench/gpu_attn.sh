@@ -40,8 +40,8 @@ SIZE_ARGS="--variants=xl --modes=$MODES --size=$SIZE --device=$DEVICE --backend=
 
 say "machine (DRY_RUN=$DRY_RUN)"
 nvidia-smi -L 2>/dev/null
-$PY -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'triton', triton.__version__,
-      torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
+$PY -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda,
+      'triton', triton.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
 
 say "1. fill XL's compile caches in the background ($KERNELS)"
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-6}
@@ -85,12 +85,7 @@ for k in ${KERNELS//,/ }; do
         --steps="$STEPS" --peak_size="$PEAK" --profile=none --results_dir="$PARTS/$k" > "$PARTS/time_$k.log" 2>&1
     echo "exit $?"
     grep -E "rror" "$PARTS/time_$k.log" | tail -n 3
-    [ -f "$PARTS/$k/xl.json" ] && cp "$PARTS/$k/xl.json" "$OUT/xl_$k.json" && $PY - "$OUT/xl_$k.json" "$k" <<'EOF'
-import json, sys
-part = json.load(open(sys.argv[1]))
-for mode, r in part['train']['xl'].items():
-    print(f"xl attn_kernel={sys.argv[2]} {mode}: {r['tokens_per_s']:,.0f} tokens/s, MFU {r['mfu']:.1%}, "
-          f"first step {r.get('first_step_s') or 0:.1f}s")
-EOF
+    [ -f "$PARTS/$k/xl.json" ] && $PY bench/gpu_size.py --stage=merge --variants=xl --results_dir="$PARTS/$k" \
+        --out="$OUT/xl_$k.json" 2>&1 | grep -v "^wrote"                  # tokens/s, MFU, first step; XL's MFU target
 done
 say "done"
