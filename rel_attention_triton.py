@@ -14,12 +14,14 @@ Here one program owns a tile of BQ queries and walks over tiles of BK keys with 
 r_k = W_{k,R} R (H, K, D) holds row c for distance K-1-c (the order project_positions gives), so query i and key j
 need row c = j - i + T - 1. For queries i0..i0+BQ-1 and keys j0..j0+BK-1 these rows form one band,
     c = c0 + t,  c0 = j0 - i0 - BQ + T,  t = (j - j0) - (i - i0) + BQ - 1 in [0, BQ + BK - 2],
-so the tile's (b)+(d) is a (BQ, D) x (D, BQ + BK - 1) product of (q + v) with the band, then a skew: entry (a, b)
-of the tile is entry (a, b - a + BQ - 1) of the product (tl.gather). The band is made in two halves of HALF rows (HALF =
-BK at square tiles), each product skewed before the next is made: a (BQ, 2 HALF) float32 product and its gather do not
-fit in a thread's registers beside the rest (ptxas: bench/attn_kernels.py --aot). (a)+(c) is the usual (q + u) k^T.
-Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and masked. clamp_len needs nothing here:
-R's rows are already clamped when the model builds them.
+so the tile's (b)+(d) is a product of (q + v) with the band, then a skew: entry (a, b) of the tile is entry (a, t) of
+the product. The band is cut in pieces of BK rows (piece m: rows c0 + m BK .., (BQ + BK - 2) // BK + 1 pieces), and
+entry (a, b) is column t % BK of piece t // BK's (BQ, BK) product: each piece's product is skewed with tl.gather
+along its rows of BK, then kept where it belongs. A gather along a row of BK = 32 reads one value a lane, so one
+shuffle a score; rows of 64 take two values a lane and the selects between them, and a 64-wide band product and its
+gather did not fit in a thread's registers beside the rest (ptxas: bench/attn_kernels.py --aot; lab/LOG.md).
+(a)+(c) is the usual (q + u) k^T. Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and
+masked. clamp_len needs nothing here: R's rows are already clamped when the model builds them.
 
 The mask is the caller's own boolean (B, 1, T, K) (causal with memory, key_valid, same_length), read tile by tile
 (a byte per score, against the two bytes of a bf16 bias per head). Keys in a query's future are masked whatever it
@@ -27,17 +29,18 @@ says (their band rows are the rel-shift's garbage), and key tiles wholly in the 
 
 Backward (G = d · P ∘ (dP - δ), δ_i = Σ_j P_ij dP_ij - ∂L/∂lse_i, dP = dO vᵀ, as flash attention's):
     ∂(q+u) = G k,  ∂k = Gᵀ (q+u),  ∂v = Pᵀ dO,
-    ∂(q+v)_i = Σ_j G_ij r_k[c(i,j)]:  the tile's G un-skewed into band space (G_band[a, t] = G[a, t + a - BQ + 1]),
-                                       then a (BQ, HALF) x (HALF, D) product per half of the band,
-    ∂r_k[c] = Σ_b Σ_{i,j: c(i,j)=c} G_ij (q+v)_i:  G_bandᵀ (q+v), summed over every batch row and every tile on the
+    ∂(q+v)_i = Σ_j G_ij r_k[c(i,j)]:  the tile's G un-skewed into the pieces (G_m[a, s] = G[a, b] where column s of
+                                       piece m is key b; one gather serves every piece), then a (BQ, BK) x (BK, D)
+                                       product per piece,
+    ∂r_k[c] = Σ_b Σ_{i,j: c(i,j)=c} G_ij (q+v)_i:  G_mᵀ (q+v), summed over every batch row and every tile on the
                                        same diagonal (j0 - i0), which all cover the same rows of r_k.
 The model passes q + u and q + v as two inputs, so autograd sums their gradients into q, u (r_w_bias) and v (r_r_bias).
 Three backward kernels, each recomputing the probabilities from the stored log-sum-exp: one per key tile (∂k, ∂v), one
-per query tile (∂(q+u), ∂(q+v)), one per diagonal of square tiles and head (∂r_k: the band's two halves of each
-diagonal, summed over batch rows and tiles in registers; the upper half of diagonal n covers the rows of the lower
-half of n + 1, and the caller adds the two). ∂r_k once came from the queries kernel with float32 atomics: their
-(HALF, D) pointers and the second accumulator made it spill (lab/LOG.md); the third kernel's recompute costs the
-flops of one more pass over the tiles, and no atomics.
+per query tile (∂(q+u), ∂(q+v)), one per diagonal of square tiles and head (∂r_k: the band's two pieces of each
+diagonal, summed over batch rows and tiles in registers; the upper piece of diagonal n covers the rows of the lower
+piece of n + 1, and the caller adds the two). ∂r_k once came from the queries kernel with float32 atomics: their
+pointers and the second accumulator made it spill (lab/LOG.md); the third kernel's recompute costs the flops of one
+more pass over the tiles, and no atomics.
 
 Inputs bf16 (or float32); products accumulate in float32, the log-sum-exp is float32. Attention dropout (dropatt) is
 not implemented: the models refuse attn_kernel='triton' with dropatt > 0. On the CPU the kernels run under Triton's
@@ -55,12 +58,11 @@ import triton.language as tl
 INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit reads it, when this file is imported
 
 # The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages), chosen
-# with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: tiles of 64
-# (wgmma's 64 rows keep the tensor cores busy) over 8 warps, where no kernel spills (at 4 warps they do); sm_80: tiles
-# of 32 over 4 warps (at 64 every kernel spills, at 4 warps or 8). 2 stages of prefetch, but for the ∂r_k kernel
-# (POSITIONS_STAGES: the prefetch of its five tiles a step made it spill on sm_80, and with triton 3.6 on sm_90).
-# Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
-TILES = {90: (64, 64, 8, 2), 80: (32, 32, 4, 2)}
+# with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: 64 queries
+# (wgmma's 64 rows) by 32 keys (the band's pieces, and so the gathers, 32 wide) over 8 warps; sm_80: 32 by 32 over 4
+# warps. 2 stages of prefetch, but for the ∂r_k kernel (square tiles of block_k, POSITIONS_STAGES: the prefetch of its
+# tiles made it spill). Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
+TILES = {90: (64, 32, 8, 2), 80: (32, 32, 4, 2)}
 POSITIONS_STAGES = 1
 
 
@@ -79,33 +81,33 @@ def _store_rows(ptr, first, offs, n, offs_d, D, x):
 
 
 @triton.jit
-def _band(R_ptr, h, c0, K, D, HALF: tl.constexpr, BD: tl.constexpr):
-    """The band of r_k a tile needs, rows c0 .. c0 + 2 HALF - 1, as its two halves (HALF, BD); zero outside 0..K-1."""
-    offs_d = tl.arange(0, BD)
-    return (_rows(R_ptr, h * K, c0 + tl.arange(0, HALF), K, offs_d, D),
-            _rows(R_ptr, h * K, c0 + HALF + tl.arange(0, HALF), K, offs_d, D))
+def _piece(R_ptr, h, c0, m, K, D, BK: tl.constexpr, BD: tl.constexpr):
+    """Piece m of the band of r_k a tile needs, rows c0 + m BK .. c0 + m BK + BK - 1: (BK, BD); zero outside 0..K-1."""
+    return _rows(R_ptr, h * K, c0 + m * BK + tl.arange(0, BK), K, tl.arange(0, BD), D)
 
 
 @triton.jit
-def _band_scores(qv, band_lo, band_hi, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr,
+def _band_scores(qv, R_ptr, h, c0, K, D, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr):
-    """(b)+(d) of the tile moved into place: entry (a, b) is (q_a + v)·r_k[c0 + t], t = b - a + BQ - 1 (BQ, BK).
-    The band's BQ + BK - 1 rows are two halves of HALF rows: one (BQ, D) x (D, HALF) product per half, each skewed
-    (tl.gather along its rows) before the next is made, so that only a (BQ, HALF) float32 tile is live at a time."""
+    """(b)+(d) of the tile moved into place: entry (a, b) is (q_a + v)·r_k[c0 + t], t = b - a + BQ - 1 (BQ, BK),
+    that is column t % BK of piece t // BK's product (q + v) pieceᵀ. One (BQ, D) x (D, BK) product a piece, each
+    skewed (tl.gather along its rows) and kept where it belongs before the next is made."""
     t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1               # (BQ, BK) t of entry (a, b)
-    lo = tl.gather(tl.dot(qv, tl.trans(band_lo), input_precision=PRECISION), tl.minimum(t, HALF - 1), 1)
-    hi = tl.gather(tl.dot(qv, tl.trans(band_hi), input_precision=PRECISION), tl.maximum(t - HALF, 0), 1)
-    return tl.where(t < HALF, lo, hi)
+    scores = tl.zeros([BQ, BK], tl.float32)
+    for m in tl.static_range((BQ + BK - 2) // BK + 1):
+        product = tl.dot(qv, tl.trans(_piece(R_ptr, h, c0, m, K, D, BK, BD)), input_precision=PRECISION)
+        scores = tl.where(t // BK == m, tl.gather(product, t % BK, 1), scores)
+    return scores
 
 
 @triton.jit
-def _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
-                 BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, PRECISION: tl.constexpr):
+def _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                 BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
     """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, qv = q + v, (BQ, BD)) against keys j0..j0+BK-1 (k, (BK, BD)),
-    given the tile's band (_band at c0 = j0 - i0 - BQ + T), -inf where masked: (BQ, BK)."""
+    -inf where masked: (BQ, BK)."""
     offs_i, offs_j = i0 + tl.arange(0, BQ), j0 + tl.arange(0, BK)
     score = tl.dot(qu, tl.trans(k), input_precision=PRECISION)                        # (a) + (c): (q_i + u)·k_j
-    score += _band_scores(qv, band_lo, band_hi, BQ, BK, HALF, PRECISION)              # (b) + (d)
+    score += _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BD, PRECISION)   # (b) + (d)
     allowed = ((K - T + offs_i[:, None] - offs_j[None, :]) >= 0) & (offs_i[:, None] < T) & (offs_j[None, :] < K)
     allowed = allowed & (tl.load(MASK_ptr + mask_base + offs_i[:, None] * stride_mt + offs_j[None, :],
                                  mask=allowed, other=0) != 0)                           # the caller's mask
@@ -133,7 +135,7 @@ def _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ: tl.constexpr, BD: tl.c
 
 @triton.jit
 def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, stride_mt, H, T, K, D, scale,
-                    BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+                    BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
     """out and lse of one tile of queries, over the key tiles it can see (online softmax)."""
     i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
@@ -146,9 +148,8 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
     hi = tl.minimum(K, K - T + i0 + BQ)                                # keys past hi are in every query's future
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
-        band_lo, band_hi = _band(R_ptr, h, j0 - i0 - BQ + T, K, D, HALF, BD)
-        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
-                             BQ, BK, HALF, PRECISION)
+        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                             BQ, BK, BD, PRECISION)
         m_new = tl.maximum(m_i, tl.max(score, 1))
         m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)         # a row with nothing allowed yet
         p = tl.exp(score - m_safe[:, None])                            # (BQ, BK), 0 where masked
@@ -164,7 +165,7 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
 
 @triton.jit
 def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DK, DV, stride_mb, stride_mt,
-                          H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr, BD: tl.constexpr,
+                          H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
                           PRECISION: tl.constexpr):
     """∂k = Gᵀ (q + u), ∂v = Pᵀ dO for one tile of keys, over the query tiles that can see it."""
     j0, bh = tl.program_id(0) * BK, tl.program_id(1)
@@ -176,9 +177,8 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
     first = tl.maximum(j0 - (K - T), 0) // BQ * BQ                   # earlier queries see none of these keys
     for i0 in range(first, T, BQ):
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
-        band_lo, band_hi = _band(R_ptr, h, j0 - i0 - BQ + T, K, D, HALF, BD)
-        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
-                             BQ, BK, HALF, PRECISION)
+        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                             BQ, BK, BD, PRECISION)
         p = tl.exp(score - lse[:, None])                              # (BQ, BK) the probabilities, 0 where masked
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)       # (BQ, BK)
@@ -189,25 +189,20 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
 
 
 @triton.jit
-def _band_ungather(g, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr):
-    """The skew of the tile's G (BQ, BK) undone: G_band[a, t] = G[a, t + a - BQ + 1] for the band's lower half (rows
-    c0 + t) and its upper half (rows c0 + HALF + t), (BQ, HALF) each, zero where that is no key of the tile."""
-    a, t = tl.arange(0, BQ)[:, None], tl.arange(0, HALF)[None, :]
-    if BQ == BK:      # HALF = BK: one gather serves both halves, the key of (a, t) being (t + a + 1) mod BK
-        g_band = tl.gather(g, (t + a + 1) % BK, 1)
-        return tl.where(t + a + 1 >= BK, g_band, 0.0), tl.where(t + a + 1 < BK, g_band, 0.0)
-    key = t + a - BQ + 1                                               # (BQ, HALF) the key of (a, t), lower half
-    lo = tl.where((key >= 0) & (key < BK), tl.gather(g, tl.minimum(tl.maximum(key, 0), BK - 1), 1), 0.0)
-    key += HALF
-    hi = tl.where((key >= 0) & (key < BK), tl.gather(g, tl.minimum(tl.maximum(key, 0), BK - 1), 1), 0.0)
-    return lo, hi
+def _band_ungather(g, BQ: tl.constexpr, BK: tl.constexpr):
+    """The skew of the tile's G (BQ, BK) undone: gg[a, s] = G[a, b], b the key that column s of a piece meets in
+    row a, b = (s + a + 1 - BQ) mod BK, and the piece (BQ, BK) that entry (a, s) belongs to, (b - a + BQ - 1 - s) / BK.
+    Each (a, s) is some key's in exactly one piece: G_m = where(piece == m, gg, 0)."""
+    a, s = tl.arange(0, BQ)[:, None], tl.arange(0, BK)[None, :]
+    b = (s + a + 1 + BK - BQ % BK) % BK
+    return tl.gather(g, b, 1), (b - a + BQ - 1 - s) // BK
 
 
 @triton.jit
 def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DQU, DQV, stride_mb, stride_mt,
-                             H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr,
-                             BD: tl.constexpr, PRECISION: tl.constexpr):
-    """∂(q + u) = G k and ∂(q + v) = G_band r_band for one tile of queries, over the key tiles it can see."""
+                             H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+                             PRECISION: tl.constexpr):
+    """∂(q + u) = G k and ∂(q + v) = Σ_m G_m piece_m for one tile of queries, over the key tiles it can see."""
     i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
     qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
@@ -217,58 +212,56 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
     hi = tl.minimum(K, K - T + i0 + BQ)
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
-        band_lo, band_hi = _band(R_ptr, h, j0 - i0 - BQ + T, K, D, HALF, BD)
-        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
-                             BQ, BK, HALF, PRECISION)
+        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
+                             BQ, BK, BD, PRECISION)
         p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale                         # (BQ, BK) ∂L/∂A^rel
         dqu += tl.dot(g.to(k.dtype), k, input_precision=PRECISION)
-        g_lo, g_hi = _band_ungather(g, BQ, BK, HALF)
-        dqv += tl.dot(g_lo.to(qv.dtype), band_lo, input_precision=PRECISION)
-        dqv += tl.dot(g_hi.to(qv.dtype), band_hi, input_precision=PRECISION)
+        gg, piece = _band_ungather(g, BQ, BK)
+        for m in tl.static_range((BQ + BK - 2) // BK + 1):
+            dqv += tl.dot(tl.where(piece == m, gg, 0.0).to(qv.dtype), _piece(R_ptr, h, j0 - i0 - BQ + T, m, K, D, BK,
+                                                                               BD), input_precision=PRECISION)
     _store_rows(DQU, bh * T + i0, offs, T - i0, offs_d, D, dqu)
     _store_rows(DQV, bh * T + i0, offs, T - i0, offs_d, D, dqv)
 
 
 @triton.jit
 def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DR, stride_mb, stride_mt,
-                               B, H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, HALF: tl.constexpr,
-                               BD: tl.constexpr, PRECISION: tl.constexpr):
-    """Σ G_bandᵀ (q + v) over the tiles of one diagonal (j0 - i0 fixed) of one head, every batch row: the band's
-    lower and upper halves, (HALF, D) each, into DR[h, diagonal] (no atomics: the caller adds halves that overlap).
-    Square tiles (BQ = BK = HALF). The tiles of every batch row are one loop: nested loops spilled."""
+                               B, H, T, K, D, scale, S: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+    """Σ G_mᵀ (q + v) over the tiles of one diagonal (j0 - i0 fixed) of one head, every batch row, at square tiles of
+    S: the band's two pieces, (S, D) each, into DR[h, diagonal] (no atomics: the caller adds pieces that overlap).
+    The tiles of every batch row are one loop: nested loops spilled."""
     n, h = tl.program_id(0), tl.program_id(1)
     offs_d = tl.arange(0, BD)
-    dd = (n + 1) * BQ - tl.cdiv(T, BQ) * BQ                           # j0 - i0 of this diagonal
-    hi = tl.where(dd < K - T + BQ, tl.minimum(T, K - dd), 0)          # nothing if every tile is in the future
-    d_lo = tl.zeros([HALF, BD], tl.float32)
-    d_hi = tl.zeros([HALF, BD], tl.float32)
-    band_lo, band_hi = _band(R_ptr, h, dd - BQ + T, K, D, HALF, BD)  # the same rows for every tile of the diagonal
+    dd = (n + 1) * S - tl.cdiv(T, S) * S                              # j0 - i0 of this diagonal
+    hi = tl.where(dd < K - T + S, tl.minimum(T, K - dd), 0)           # nothing if every tile is in the future
+    d_lo = tl.zeros([S, BD], tl.float32)
+    d_hi = tl.zeros([S, BD], tl.float32)
     first_i0 = tl.maximum(-dd, 0)
-    n_i0 = tl.cdiv(tl.maximum(hi - first_i0, 0), BQ)                  # the tiles of the diagonal in each batch row
+    n_i0 = tl.cdiv(tl.maximum(hi - first_i0, 0), S)                   # the tiles of the diagonal in each batch row
     for m in range(0, B * n_i0):                                      # one loop over every batch row's tiles
-        b, i0 = m // n_i0, first_i0 + (m % n_i0) * BQ
+        b, i0 = m // n_i0, first_i0 + (m % n_i0) * S
         bh = b * H + h
-        qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
-        k, v = _key_rows(K_ptr, V_ptr, bh, i0 + dd, K, D, BK, BD)
-        score = _tile_scores(qu, qv, k, band_lo, band_hi, MASK_ptr, i0, i0 + dd, b * stride_mb, stride_mt, T, K,
-                             scale, BQ, BK, HALF, PRECISION)
+        qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, S, BD)
+        k, v = _key_rows(K_ptr, V_ptr, bh, i0 + dd, K, D, S, BD)
+        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, i0 + dd, b * stride_mb, stride_mt, T, K, D, scale,
+                             S, S, BD, PRECISION)
         p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale
-        g_lo, g_hi = _band_ungather(g, BQ, BK, HALF)
-        d_lo += tl.dot(tl.trans(g_lo.to(qv.dtype)), qv, input_precision=PRECISION)
-        d_hi += tl.dot(tl.trans(g_hi.to(qv.dtype)), qv, input_precision=PRECISION)
-    first = (h * tl.num_programs(0) + n) * 2 * HALF
-    _store_rows(DR, first, tl.arange(0, HALF), HALF, offs_d, D, d_lo)
-    _store_rows(DR, first + HALF, tl.arange(0, HALF), HALF, offs_d, D, d_hi)
+        gg, piece = _band_ungather(g, S, S)
+        d_lo += tl.dot(tl.trans(tl.where(piece == 0, gg, 0.0).to(qv.dtype)), qv, input_precision=PRECISION)
+        d_hi += tl.dot(tl.trans(tl.where(piece == 1, gg, 0.0).to(qv.dtype)), qv, input_precision=PRECISION)
+    first = (h * tl.num_programs(0) + n) * 2 * S
+    _store_rows(DR, first, tl.arange(0, S), S, offs_d, D, d_lo)
+    _store_rows(DR, first + S, tl.arange(0, S), S, offs_d, D, d_hi)
 
 
 def _launch_shape(q_u, k, block_q, block_k):
     B, H, T, D = q_u.shape
     K = k.size(2)
-    return B, H, T, K, D, triton.next_power_of_2(block_q + block_k - 1) // 2, max(16, triton.next_power_of_2(D))
+    return B, H, T, K, D, max(16, triton.next_power_of_2(D))
 
 
 def _precision(dtype):
@@ -276,17 +269,18 @@ def _precision(dtype):
 
 
 def _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, scale, S, common):
-    """∂r_k: _backward_positions_kernel at square tiles of S (block_q) writes each diagonal's two halves of the band
-    (rows c0(n) .. c0(n) + 2S - 1, c0(n) = (n + 1 - cdiv(T, S)) S - S + T), and the halves that cover the same rows
+    """∂r_k: _backward_positions_kernel at square tiles of S (block_k) writes each diagonal's two pieces of the band
+    (rows c0(n) .. c0(n) + 2S - 1, c0(n) = (n + 1 - cdiv(T, S)) S - S + T), and the pieces that cover the same rows
     (the upper one of diagonal n, the lower one of n + 1) are added here."""
     B, H, T, D = q_u.shape
     K = k.size(2)
     n = triton.cdiv(T, S) + triton.cdiv(K, S) - 1                    # the diagonals that cross the (T, K) scores
-    halves = torch.empty(H, n, 2, S, D, device=r_k.device, dtype=torch.float32)
-    _backward_positions_kernel[(n, H)](q_u, q_v, k, v, r_k, mask, d_out, lse, delta, halves, mask.stride(0),
-                                       mask.stride(2), B, H, T, K, D, scale,
-                                       **{**common, 'BQ': S, 'BK': S, 'HALF': S, 'num_stages': POSITIONS_STAGES})
-    rows = F.pad(halves[:, :, 0], (0, 0, 0, 0, 0, 1)) + F.pad(halves[:, :, 1], (0, 0, 0, 0, 1, 0))   # (H, n + 1, S, D)
+    pieces = torch.empty(H, n, 2, S, D, device=r_k.device, dtype=torch.float32)
+    _backward_positions_kernel[(n, H)](q_u, q_v, k, v, r_k, mask, d_out, lse, delta, pieces, mask.stride(0),
+                                       mask.stride(2), B, H, T, K, D, scale, S=S, BD=common['BD'],
+                                       PRECISION=common['PRECISION'], num_warps=common['num_warps'],
+                                       num_stages=POSITIONS_STAGES)
+    rows = F.pad(pieces[:, :, 0], (0, 0, 0, 0, 0, 1)) + F.pad(pieces[:, :, 1], (0, 0, 0, 0, 1, 0))   # (H, n + 1, S, D)
     first = triton.cdiv(T, S) * S - T                                 # row 0 of r_k, in those rows
     return rows.reshape(H, (n + 1) * S, D)[:, first:first + K].to(r_k.dtype)
 
@@ -294,12 +288,12 @@ def _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, scale, S, 
 class RelAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps, num_stages):
-        B, H, T, K, D, HALF, BD = _launch_shape(q_u, k, block_q, block_k)
+        B, H, T, K, D, BD = _launch_shape(q_u, k, block_q, block_k)
         out = torch.empty_like(q_u)
         lse = torch.empty(B, H, T, device=q_u.device, dtype=torch.float32)
         grid = (triton.cdiv(T, block_q), B * H)
         _forward_kernel[grid](q_u, q_v, k, v, r_k, mask, out, lse, mask.stride(0), mask.stride(2), H, T, K, D, scale,
-                              BQ=block_q, BK=block_k, HALF=HALF, BD=BD, PRECISION=_precision(q_u.dtype),
+                              BQ=block_q, BK=block_k, BD=BD, PRECISION=_precision(q_u.dtype),
                               num_warps=num_warps, num_stages=num_stages)
         ctx.save_for_backward(q_u, q_v, k, v, r_k, mask, out, lse)
         ctx.scale, ctx.tiles = scale, (block_q, block_k, num_warps, num_stages)
@@ -309,13 +303,13 @@ class RelAttention(torch.autograd.Function):
     def backward(ctx, d_out, d_lse):
         q_u, q_v, k, v, r_k, mask, out, lse = ctx.saved_tensors
         block_q, block_k, num_warps, num_stages = ctx.tiles
-        B, H, T, K, D, HALF, BD = _launch_shape(q_u, k, block_q, block_k)
+        B, H, T, K, D, BD = _launch_shape(q_u, k, block_q, block_k)
         d_out = d_out.contiguous()
         delta = (d_out.float() * out.float()).sum(-1)                # (B, H, T) δ_i = Σ_j P_ij dP_ij
         if d_lse is not None:
             delta = delta - d_lse                                     # ∂lse_i/∂A_ij = P_ij
         delta = delta.contiguous()
-        common = dict(BQ=block_q, BK=block_k, HALF=HALF, BD=BD, PRECISION=_precision(q_u.dtype),
+        common = dict(BQ=block_q, BK=block_k, BD=BD, PRECISION=_precision(q_u.dtype),
                       num_warps=num_warps, num_stages=num_stages)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         _backward_keys_kernel[(triton.cdiv(K, block_k), B * H)](
@@ -325,7 +319,7 @@ class RelAttention(torch.autograd.Function):
         _backward_queries_kernel[(triton.cdiv(T, block_q), B * H)](
             q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dq_u, dq_v, mask.stride(0), mask.stride(2), H, T, K, D,
             ctx.scale, **common)
-        d_r = _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, ctx.scale, block_q, common)
+        d_r = _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, ctx.scale, block_k, common)
         return dq_u, dq_v, dk, dv, d_r, None, None, None, None, None, None
 
 
@@ -336,7 +330,7 @@ def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=None, block_k=N
     r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where allowed (keys in
     a query's future are masked whatever it says). Everything is cast to v's dtype.
     block_q, block_k (powers of two, >= 16), num_warps, num_stages: the tiles, warps and prefetch stages of every
-    kernel (the ∂r_k kernel: block_q square, POSITIONS_STAGES); each left None is TILES' for the device (not yet timed
+    kernel (the ∂r_k kernel: block_k square, POSITIONS_STAGES); each left None is TILES' for the device (not yet timed
     on a GPU).
     -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
     if q_u.device.type != 'cuda' and not INTERPRETED:
