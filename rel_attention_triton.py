@@ -19,8 +19,11 @@ the product. The band is cut in pieces of BK rows (piece m: rows c0 + m BK .., (
 entry (a, b) is column t % BK of piece t // BK's (BQ, BK) product: each piece's product is skewed with tl.gather
 along its rows of BK, then kept where it belongs. A gather along a row of BK = 32 reads one value a lane, so one
 shuffle a score; rows of 64 take two values a lane and the selects between them, and a 64-wide band product and its
-gather did not fit in a thread's registers beside the rest (ptxas: bench/attn_kernels.py --aot; lab/LOG.md).
-(a)+(c) is the usual (q + u) k^T. Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and
+gather did not fit in a thread's registers beside the rest (ptxas: bench/attn_kernels.py --aot; lab/LOG.md). The
+forward walks the key tiles left to right, and tile j0 + BK's band is tile j0's less its first piece plus one more, at
+the same gather index: it makes each piece's product once and carries it, skewed, while the band holds it (one
+(BQ, D) x (D, BK) product a tile, as (a)+(c) costs); the backward kernels remake every piece. (a)+(c) is the usual
+(q + u) k^T. Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and
 masked. clamp_len needs nothing here: R's rows are already clamped when the model builds them.
 
 The mask is the caller's own boolean (B, 1, T, K) (causal with memory, key_valid, same_length), read tile by tile
@@ -87,27 +90,34 @@ def _piece(R_ptr, h, c0, m, K, D, BK: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
+def _skewed_piece(qv, R_ptr, h, c0, m, K, D, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """Piece m's product (q + v) pieceᵀ (one (BQ, D) x (D, BK) product) skewed into the tile (tl.gather along its
+    rows): entry (a, b) is column t % BK of it, t = b - a + BQ - 1, which is the tile's (b)+(d) where t // BK == m."""
+    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1               # (BQ, BK) t of entry (a, b)
+    product = tl.dot(qv, tl.trans(_piece(R_ptr, h, c0, m, K, D, BK, BD)), input_precision=PRECISION)
+    return tl.gather(product, t % BK, 1)
+
+
+@triton.jit
 def _band_scores(qv, R_ptr, h, c0, K, D, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr):
     """(b)+(d) of the tile moved into place: entry (a, b) is (q_a + v)·r_k[c0 + t], t = b - a + BQ - 1 (BQ, BK),
-    that is column t % BK of piece t // BK's product (q + v) pieceᵀ. One (BQ, D) x (D, BK) product a piece, each
-    skewed (tl.gather along its rows) and kept where it belongs before the next is made."""
-    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1               # (BQ, BK) t of entry (a, b)
+    each piece's skewed product kept where it belongs before the next is made."""
+    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1
     scores = tl.zeros([BQ, BK], tl.float32)
     for m in tl.static_range((BQ + BK - 2) // BK + 1):
-        product = tl.dot(qv, tl.trans(_piece(R_ptr, h, c0, m, K, D, BK, BD)), input_precision=PRECISION)
-        scores = tl.where(t // BK == m, tl.gather(product, t % BK, 1), scores)
+        scores = tl.where(t // BK == m, _skewed_piece(qv, R_ptr, h, c0, m, K, D, BQ, BK, BD, PRECISION), scores)
     return scores
 
 
 @triton.jit
-def _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                 BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
-    """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, qv = q + v, (BQ, BD)) against keys j0..j0+BK-1 (k, (BK, BD)),
-    -inf where masked: (BQ, BK)."""
+def _tile_scores(qu, k, band_scores, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale,
+                 BQ: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """d·A^rel of the queries i0..i0+BQ-1 (qu = q + u, (BQ, BD)) against keys j0..j0+BK-1 (k, (BK, BD)), given the
+    tile's (b)+(d) (band_scores, (BQ, BK)), -inf where masked: (BQ, BK)."""
     offs_i, offs_j = i0 + tl.arange(0, BQ), j0 + tl.arange(0, BK)
-    score = tl.dot(qu, tl.trans(k), input_precision=PRECISION)                        # (a) + (c): (q_i + u)·k_j
-    score += _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BD, PRECISION)   # (b) + (d)
+    score = tl.dot(qu, tl.trans(k), input_precision=PRECISION) + band_scores         # (a)+(c): (q_i + u)·k_j
     allowed = ((K - T + offs_i[:, None] - offs_j[None, :]) >= 0) & (offs_i[:, None] < T) & (offs_j[None, :] < K)
     allowed = allowed & (tl.load(MASK_ptr + mask_base + offs_i[:, None] * stride_mt + offs_j[None, :],
                                  mask=allowed, other=0) != 0)                           # the caller's mask
@@ -146,10 +156,22 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
     l_i = tl.zeros([BQ], tl.float32)                                   # running Σ exp
     acc = tl.zeros([BQ, BD], tl.float32)
     hi = tl.minimum(K, K - T + i0 + BQ)                                # keys past hi are in every query's future
+    # The key tiles go left to right, and the band of tile j0 + BK is that of j0 less its first piece, plus one: each
+    # piece is multiplied and skewed once, when it enters, and carried while it stays (the gather's index, t % BK, is
+    # the same in every tile). carried: pieces 0 .. NP - 2 of the band of tile j0, skewed.
+    NP: tl.constexpr = (BQ + BK - 2) // BK + 1
+    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1
+    carried = ()
+    for m in tl.static_range(NP - 1):
+        carried = carried + (_skewed_piece(qv, R_ptr, h, T - i0 - BQ, m, K, D, BQ, BK, BD, PRECISION),)
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
-        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                             BQ, BK, BD, PRECISION)
+        entering = _skewed_piece(qv, R_ptr, h, j0 - i0 - BQ + T, NP - 1, K, D, BQ, BK, BD, PRECISION)
+        band = entering
+        for m in tl.static_range(NP - 1):
+            band = tl.where(t // BK == m, carried[m], band)
+        carried = carried[1:] + (entering,)
+        score = _tile_scores(qu, k, band, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale, BQ, BK, PRECISION)
         m_new = tl.maximum(m_i, tl.max(score, 1))
         m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)         # a row with nothing allowed yet
         p = tl.exp(score - m_safe[:, None])                            # (BQ, BK), 0 where masked
@@ -177,8 +199,8 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
     first = tl.maximum(j0 - (K - T), 0) // BQ * BQ                   # earlier queries see none of these keys
     for i0 in range(first, T, BQ):
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
-        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                             BQ, BK, BD, PRECISION)
+        band = _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BD, PRECISION)
+        score = _tile_scores(qu, k, band, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale, BQ, BK, PRECISION)
         p = tl.exp(score - lse[:, None])                              # (BQ, BK) the probabilities, 0 where masked
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)       # (BQ, BK)
@@ -212,8 +234,8 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
     hi = tl.minimum(K, K - T + i0 + BQ)
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
-        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, D, scale,
-                             BQ, BK, BD, PRECISION)
+        band = _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BD, PRECISION)
+        score = _tile_scores(qu, k, band, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale, BQ, BK, PRECISION)
         p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale                         # (BQ, BK) ∂L/∂A^rel
@@ -245,8 +267,9 @@ def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, D
         bh = b * H + h
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, S, BD)
         k, v = _key_rows(K_ptr, V_ptr, bh, i0 + dd, K, D, S, BD)
-        score = _tile_scores(qu, qv, k, R_ptr, h, MASK_ptr, i0, i0 + dd, b * stride_mb, stride_mt, T, K, D, scale,
-                             S, S, BD, PRECISION)
+        band = _band_scores(qv, R_ptr, h, dd - S + T, K, D, S, S, BD, PRECISION)
+        score = _tile_scores(qu, k, band, MASK_ptr, i0, i0 + dd, b * stride_mb, stride_mt, T, K, scale, S, S,
+                             PRECISION)
         p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale
