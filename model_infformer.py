@@ -522,7 +522,7 @@ class RelMultiHeadAttnLTM(nn.Module):
             attn_vec = F.scaled_dot_product_attention(q_u.to(k.dtype), k, v, attn_mask=bias,
                                                       dropout_p=self.dropatt_p if self.training else 0.0)
         else:                                                             # 'triton'
-            attn_vec, _ = self.rel_attention(q_u, q_v, k, v, r_k, attn_mask, self.scale)   # (B, H, T, D)
+            attn_vec, _ = self.rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, self.scale)   # (B, H, T, D)
         attn_out = self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D))   # Z_T (B, T, C)
 
         density = None

@@ -232,8 +232,7 @@ class LookAheadAttn(nn.Module):
         k, v = (torch.cat([mem, new], dim=2) for mem, new in zip(mem_kv, self.keys_values(h)))   # (B, H, K, D) each
         r_k = self.project_positions(r) if r.dim() == 2 else r   # (H, K, D)  W_{k,R} R
         if self.attn_kernel == 'triton':                          # one kernel, which returns log s too
-            vec, lse = self.rel_attention(q + r_w_bias[:, None], q + r_r_bias[:, None], k, v, r_k, attn_mask,
-                                          self.scale)
+            vec, lse = self.rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, self.scale)
             return vec, lse, (k, v)
         AC = torch.einsum('bhid,bhjd->bhij', q + r_w_bias[:, None], k)                 # (B, H, T, K)
         BD = rel_shift(torch.einsum('bhid,hjd->bhij', q + r_r_bias[:, None], r_k))     # (B, H, T, K)

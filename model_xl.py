@@ -196,7 +196,7 @@ class RelMultiHeadAttn(nn.Module):
                                                       dropout_p=self.dropatt_p if self.training else 0.0)
         else:                                                             # 'triton': the same, in one kernel
             # each tile of scores takes (b) + (d) from a band of r_k: no (T, K) scores or bias in memory
-            attn_vec, _ = self.rel_attention(q_u, q_v, k, v, r_k, attn_mask, self.scale)   # (B, H, T, D)
+            attn_vec, _ = self.rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, self.scale)   # (B, H, T, D)
 
         attn_out = self.drop(self.o_net(attn_vec.transpose(1, 2).reshape(B, T, H * D)))   # (B, T, C)
         out = h + attn_out if self.pre_lnorm else self.layer_norm(h + attn_out)

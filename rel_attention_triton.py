@@ -31,19 +31,20 @@ The mask is the caller's own boolean (B, 1, T, K) (causal with memory, key_valid
 says (their band rows are the rel-shift's garbage), and key tiles wholly in the future of a query tile are skipped.
 
 Backward (G = d · P ∘ (dP - δ), δ_i = Σ_j P_ij dP_ij - ∂L/∂lse_i, dP = dO vᵀ, as flash attention's):
-    ∂(q+u) = G k,  ∂k = Gᵀ (q+u),  ∂v = Pᵀ dO,
-    ∂(q+v)_i = Σ_j G_ij r_k[c(i,j)]:  the tile's G un-skewed into the pieces (G_m[a, s] = G[a, b] where column s of
-                                       piece m is key b; one gather serves every piece), then a (BQ, BK) x (BK, D)
-                                       product per piece,
+    ∂k = Gᵀ (q+u),  ∂v = Pᵀ dO,
+    ∂q = ∂(q+u) + ∂(q+v) = G k + Σ_j G_ij r_k[c(i,j)]:  the second term with the tile's G un-skewed into the pieces
+                                       (G_m[a, s] = G[a, b] where column s of piece m is key b; one gather serves
+                                       every piece), then a (BQ, BK) x (BK, D) product per piece, both in one
+                                       accumulator,
+    ∂u = Σ_b Σ_i ∂(q+u)_i = Σ_b Σ_j (Σ_i G_ij) k_j,   ∂v = Σ_b Σ_i ∂(q+v)_i = Σ_c (Σ_{c(i,j)=c} G_ij) r_k[c],
     ∂r_k[c] = Σ_b Σ_{i,j: c(i,j)=c} G_ij (q+v)_i:  G_mᵀ (q+v), summed over every batch row and every tile on the
                                        same diagonal (j0 - i0), which all cover the same rows of r_k.
-The model passes q + u and q + v as two inputs, so autograd sums their gradients into q, u (r_w_bias) and v (r_r_bias).
-Three backward kernels, each recomputing the probabilities from the stored log-sum-exp: one per key tile (∂k, ∂v), one
-per query tile (∂(q+u), ∂(q+v)), one per diagonal of square tiles and head (∂r_k: the band's two pieces of each
-diagonal, summed over batch rows and tiles in registers; the upper piece of diagonal n covers the rows of the lower
-piece of n + 1, and the caller adds the two). ∂r_k once came from the queries kernel with float32 atomics: their
-pointers and the second accumulator made it spill (lab/LOG.md); the third kernel's recompute costs the flops of one
-more pass over the tiles, and no atomics.
+Three backward kernels, each recomputing the probabilities from the stored log-sum-exp: one per key tile (∂k, ∂v and
+Σ_i G_ij), one per query tile (∂q), one per diagonal of square tiles and head (∂r_k and G summed along each distance:
+the band's two pieces of each diagonal, summed over batch rows and tiles in registers; the upper piece of diagonal n
+covers the rows of the lower piece of n + 1, and the caller adds the two). ∂u and ∂v are then two small products.
+∂r_k once came from the queries kernel with float32 atomics: their pointers and a second accumulator made it spill
+(lab/LOG.md); the third kernel's recompute costs the flops of one more pass over the tiles, and no atomics.
 
 Inputs bf16 (or float32); products accumulate in float32, the log-sum-exp is float32. Attention dropout (dropatt) is
 not implemented: the models refuse attn_kernel='triton' with dropatt > 0. On the CPU the kernels run under Triton's
@@ -62,10 +63,11 @@ INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit r
 
 # The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages), chosen
 # with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: 64 queries
-# (wgmma's 64 rows) by 32 keys (the band's pieces, and so the gathers, 32 wide) over 8 warps; sm_80: 32 by 32 over 4
+# (wgmma's 64 rows) by 16 keys (the band's pieces, and so the gathers, 16 wide) over 4 warps, where every kernel keeps
+# within 168 registers (at 32 keys the backward kernels need 200-255 at 4 warps, 168-180 at 8); sm_80: 32 by 32 over 4
 # warps. 2 stages of prefetch, but for the ∂r_k kernel (square tiles of block_k, POSITIONS_STAGES: the prefetch of its
 # tiles made it spill). Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
-TILES = {90: (64, 32, 8, 2), 80: (32, 32, 4, 2)}
+TILES = {90: (64, 16, 4, 2), 80: (32, 32, 4, 2)}
 POSITIONS_STAGES = 1
 
 
@@ -186,16 +188,17 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
 
 
 @triton.jit
-def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DK, DV, stride_mb, stride_mt,
-                          H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DK, DV, G_KEYS, stride_mb,
+                          stride_mt, H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
                           PRECISION: tl.constexpr):
-    """∂k = Gᵀ (q + u), ∂v = Pᵀ dO for one tile of keys, over the query tiles that can see it."""
+    """∂k = Gᵀ (q + u), ∂v = Pᵀ dO and Σ_i G_ij (for ∂u) for one tile of keys, over the query tiles seeing it."""
     j0, bh = tl.program_id(0) * BK, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BK), tl.arange(0, BD)
     k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
     mask_base = (bh // H) * stride_mb
     dk = tl.zeros([BK, BD], tl.float32)
     dv = tl.zeros([BK, BD], tl.float32)
+    g_keys = tl.zeros([BK], tl.float32)
     first = tl.maximum(j0 - (K - T), 0) // BQ * BQ                   # earlier queries see none of these keys
     for i0 in range(first, T, BQ):
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
@@ -206,8 +209,10 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)       # (BQ, BK)
         g = p * (dp - delta[:, None]) * scale                         # ∂L/∂A^rel
         dk += tl.dot(tl.trans(g.to(qu.dtype)), qu, input_precision=PRECISION)
+        g_keys += tl.sum(g, 0)
     _store_rows(DK, bh * K + j0, offs, K - j0, offs_d, D, dk)
     _store_rows(DV, bh * K + j0, offs, K - j0, offs_d, D, dv)
+    tl.store(G_KEYS + bh * K + j0 + offs, g_keys, mask=j0 + offs < K)
 
 
 @triton.jit
@@ -221,16 +226,16 @@ def _band_ungather(g, BQ: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DQU, DQV, stride_mb, stride_mt,
+def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DQ, stride_mb, stride_mt,
                              H, T, K, D, scale, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
                              PRECISION: tl.constexpr):
-    """∂(q + u) = G k and ∂(q + v) = Σ_m G_m piece_m for one tile of queries, over the key tiles it can see."""
+    """∂q = ∂(q + u) + ∂(q + v) = G k + Σ_m G_m piece_m for one tile of queries, over the key tiles it can see,
+    in one accumulator (two did not fit in the registers: lab/LOG.md)."""
     i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
     qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
     mask_base = (bh // H) * stride_mb
-    dqu = tl.zeros([BQ, BD], tl.float32)
-    dqv = tl.zeros([BQ, BD], tl.float32)
+    dq = tl.zeros([BQ, BD], tl.float32)
     hi = tl.minimum(K, K - T + i0 + BQ)
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
@@ -239,27 +244,30 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
         p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale                         # (BQ, BK) ∂L/∂A^rel
-        dqu += tl.dot(g.to(k.dtype), k, input_precision=PRECISION)
+        dq += tl.dot(g.to(k.dtype), k, input_precision=PRECISION)
         gg, piece = _band_ungather(g, BQ, BK)
         for m in tl.static_range((BQ + BK - 2) // BK + 1):
-            dqv += tl.dot(tl.where(piece == m, gg, 0.0).to(qv.dtype), _piece(R_ptr, h, j0 - i0 - BQ + T, m, K, D, BK,
-                                                                               BD), input_precision=PRECISION)
-    _store_rows(DQU, bh * T + i0, offs, T - i0, offs_d, D, dqu)
-    _store_rows(DQV, bh * T + i0, offs, T - i0, offs_d, D, dqv)
+            dq += tl.dot(tl.where(piece == m, gg, 0.0).to(qv.dtype), _piece(R_ptr, h, j0 - i0 - BQ + T, m, K, D, BK,
+                                                                              BD), input_precision=PRECISION)
+    _store_rows(DQ, bh * T + i0, offs, T - i0, offs_d, D, dq)
 
 
 @triton.jit
-def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DR, stride_mb, stride_mt,
-                               B, H, T, K, D, scale, S: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
+def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA, DR, G_ROWS, stride_mb,
+                               stride_mt, B, H, T, K, D, scale, S: tl.constexpr, BD: tl.constexpr,
+                               PRECISION: tl.constexpr):
     """Σ G_mᵀ (q + v) over the tiles of one diagonal (j0 - i0 fixed) of one head, every batch row, at square tiles of
-    S: the band's two pieces, (S, D) each, into DR[h, diagonal] (no atomics: the caller adds pieces that overlap).
-    The tiles of every batch row are one loop: nested loops spilled."""
+    S: the band's two pieces, (S, D) each, into DR[h, diagonal], and the sums of G_m's columns (G summed along each
+    distance, for ∂v), (S,) each, into G_ROWS (no atomics: the caller adds pieces that overlap). The tiles of every
+    batch row are one loop: nested loops spilled."""
     n, h = tl.program_id(0), tl.program_id(1)
     offs_d = tl.arange(0, BD)
     dd = (n + 1) * S - tl.cdiv(T, S) * S                              # j0 - i0 of this diagonal
     hi = tl.where(dd < K - T + S, tl.minimum(T, K - dd), 0)           # nothing if every tile is in the future
     d_lo = tl.zeros([S, BD], tl.float32)
     d_hi = tl.zeros([S, BD], tl.float32)
+    g_lo = tl.zeros([S], tl.float32)
+    g_hi = tl.zeros([S], tl.float32)
     first_i0 = tl.maximum(-dd, 0)
     n_i0 = tl.cdiv(tl.maximum(hi - first_i0, 0), S)                   # the tiles of the diagonal in each batch row
     for m in range(0, B * n_i0):                                      # one loop over every batch row's tiles
@@ -274,11 +282,16 @@ def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, D
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         g = p * (dp - delta[:, None]) * scale
         gg, piece = _band_ungather(g, S, S)
-        d_lo += tl.dot(tl.trans(tl.where(piece == 0, gg, 0.0).to(qv.dtype)), qv, input_precision=PRECISION)
-        d_hi += tl.dot(tl.trans(tl.where(piece == 1, gg, 0.0).to(qv.dtype)), qv, input_precision=PRECISION)
+        g_0, g_1 = tl.where(piece == 0, gg, 0.0), tl.where(piece == 1, gg, 0.0)
+        d_lo += tl.dot(tl.trans(g_0.to(qv.dtype)), qv, input_precision=PRECISION)
+        d_hi += tl.dot(tl.trans(g_1.to(qv.dtype)), qv, input_precision=PRECISION)
+        g_lo += tl.sum(g_0, 0)
+        g_hi += tl.sum(g_1, 0)
     first = (h * tl.num_programs(0) + n) * 2 * S
     _store_rows(DR, first, tl.arange(0, S), S, offs_d, D, d_lo)
     _store_rows(DR, first + S, tl.arange(0, S), S, offs_d, D, d_hi)
+    tl.store(G_ROWS + first + tl.arange(0, S), g_lo)
+    tl.store(G_ROWS + first + S + tl.arange(0, S), g_hi)
 
 
 def _launch_shape(q_u, k, block_q, block_k):
@@ -292,25 +305,31 @@ def _precision(dtype):
 
 
 def _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, scale, S, common):
-    """∂r_k: _backward_positions_kernel at square tiles of S (block_k) writes each diagonal's two pieces of the band
-    (rows c0(n) .. c0(n) + 2S - 1, c0(n) = (n + 1 - cdiv(T, S)) S - S + T), and the pieces that cover the same rows
-    (the upper one of diagonal n, the lower one of n + 1) are added here."""
+    """∂r_k and G summed along each distance: _backward_positions_kernel at square tiles of S (block_k) writes each
+    diagonal's two pieces of the band (rows c0(n) .. c0(n) + 2S - 1, c0(n) = (n + 1 - cdiv(T, S)) S - S + T), and the
+    pieces that cover the same rows (the upper one of diagonal n, the lower one of n + 1) are added here.
+    -> (H, K, D) in r_k's dtype, (H, K) float32."""
     B, H, T, D = q_u.shape
     K = k.size(2)
     n = triton.cdiv(T, S) + triton.cdiv(K, S) - 1                    # the diagonals that cross the (T, K) scores
     pieces = torch.empty(H, n, 2, S, D, device=r_k.device, dtype=torch.float32)
-    _backward_positions_kernel[(n, H)](q_u, q_v, k, v, r_k, mask, d_out, lse, delta, pieces, mask.stride(0),
+    g_pieces = torch.empty(H, n, 2, S, device=r_k.device, dtype=torch.float32)
+    _backward_positions_kernel[(n, H)](q_u, q_v, k, v, r_k, mask, d_out, lse, delta, pieces, g_pieces, mask.stride(0),
                                        mask.stride(2), B, H, T, K, D, scale, S=S, BD=common['BD'],
                                        PRECISION=common['PRECISION'], num_warps=common['num_warps'],
                                        num_stages=POSITIONS_STAGES)
-    rows = F.pad(pieces[:, :, 0], (0, 0, 0, 0, 0, 1)) + F.pad(pieces[:, :, 1], (0, 0, 0, 0, 1, 0))   # (H, n + 1, S, D)
     first = triton.cdiv(T, S) * S - T                                 # row 0 of r_k, in those rows
-    return rows.reshape(H, (n + 1) * S, D)[:, first:first + K].to(r_k.dtype)
+    rows = F.pad(pieces[:, :, 0], (0, 0, 0, 0, 0, 1)) + F.pad(pieces[:, :, 1], (0, 0, 0, 0, 1, 0))   # (H, n + 1, S, D)
+    g_rows = F.pad(g_pieces[:, :, 0], (0, 0, 0, 1)) + F.pad(g_pieces[:, :, 1], (0, 0, 1, 0))        # (H, n + 1, S)
+    return (rows.reshape(H, (n + 1) * S, D)[:, first:first + K].to(r_k.dtype),
+            g_rows.reshape(H, (n + 1) * S)[:, first:first + K])
 
 
 class RelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q_u, q_v, k, v, r_k, mask, scale, block_q, block_k, num_warps, num_stages):
+    def forward(ctx, q, u, v_bias, k, v, r_k, mask, scale, block_q, block_k, num_warps, num_stages):
+        q_u = (q + u[:, None]).to(v.dtype).contiguous()               # rounded once, as the model's own q + u
+        q_v = (q + v_bias[:, None]).to(v.dtype).contiguous()
         B, H, T, K, D, BD = _launch_shape(q_u, k, block_q, block_k)
         out = torch.empty_like(q_u)
         lse = torch.empty(B, H, T, device=q_u.device, dtype=torch.float32)
@@ -319,7 +338,8 @@ class RelAttention(torch.autograd.Function):
                               BQ=block_q, BK=block_k, BD=BD, PRECISION=_precision(q_u.dtype),
                               num_warps=num_warps, num_stages=num_stages)
         ctx.save_for_backward(q_u, q_v, k, v, r_k, mask, out, lse)
-        ctx.scale, ctx.tiles = scale, (block_q, block_k, num_warps, num_stages)
+        ctx.scale, ctx.tiles, ctx.dtypes = scale, (block_q, block_k, num_warps, num_stages), (q.dtype, u.dtype,
+                                                                                              v_bias.dtype)
         return out, lse
 
     @staticmethod
@@ -335,47 +355,56 @@ class RelAttention(torch.autograd.Function):
         common = dict(BQ=block_q, BK=block_k, BD=BD, PRECISION=_precision(q_u.dtype),
                       num_warps=num_warps, num_stages=num_stages)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
+        g_keys = torch.empty(B, H, K, device=k.device, dtype=torch.float32)
         _backward_keys_kernel[(triton.cdiv(K, block_k), B * H)](
-            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dk, dv, mask.stride(0), mask.stride(2), H, T, K, D,
+            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dk, dv, g_keys, mask.stride(0), mask.stride(2), H, T, K, D,
             ctx.scale, **common)
-        dq_u, dq_v = torch.empty_like(q_u), torch.empty_like(q_v)
+        dq = torch.empty_like(q_u)
         _backward_queries_kernel[(triton.cdiv(T, block_q), B * H)](
-            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dq_u, dq_v, mask.stride(0), mask.stride(2), H, T, K, D,
+            q_u, q_v, k, v, r_k, mask, d_out, lse, delta, dq, mask.stride(0), mask.stride(2), H, T, K, D,
             ctx.scale, **common)
-        d_r = _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, ctx.scale, block_k, common)
-        return dq_u, dq_v, dk, dv, d_r, None, None, None, None, None, None
+        d_r, g_rows = _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, ctx.scale, block_k, common)
+        d_u = torch.einsum('bhj,bhjd->hd', g_keys, k.float())        # Σ_b,i ∂(q+u)_i = Σ_b,j (Σ_i G_ij) k_j
+        d_v_bias = torch.einsum('hc,hcd->hd', g_rows, r_k.float())   # Σ_b,i ∂(q+v)_i = Σ_c (Σ_c(i,j)=c G_ij) r_k[c]
+        q_dtype, u_dtype, v_bias_dtype = ctx.dtypes
+        return (dq.to(q_dtype), d_u.to(u_dtype), d_v_bias.to(v_bias_dtype), dk, dv, d_r,
+                None, None, None, None, None, None)
 
 
-def rel_attention(q_u, q_v, k, v, r_k, attn_mask, scale, block_q=None, block_k=None, num_warps=None,
+def rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, scale, block_q=None, block_k=None, num_warps=None,
                   num_stages=None):
     """softmax(scale · ((q+u) kᵀ + rel_shift((q+v) r_kᵀ)), masked) v and its log-sum-exp, in one kernel.
-    q_u = q + u, q_v = q + v: (B, H, T, D); k, v: (B, H, K, D), the last T keys being the queries' own positions;
-    r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where allowed (keys in
-    a query's future are masked whatever it says). Everything is cast to v's dtype.
+    q: (B, H, T, D); r_w_bias (u), r_r_bias (v): (H, D); k, v: (B, H, K, D), the last T keys being the queries' own
+    positions; r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where
+    allowed (keys in a query's future are masked whatever it says). q + u and q + v are made here and everything is
+    cast to v's dtype. The backward makes ∂q in one accumulator, ∂u from Σ_i G_ij (the keys kernel) and ∂v from G
+    summed along each distance (the ∂r_k kernel).
     block_q, block_k (powers of two, >= 16), num_warps, num_stages: the tiles, warps and prefetch stages of every
     kernel (the ∂r_k kernel: block_k square, POSITIONS_STAGES); each left None is TILES' for the device (not yet timed
     on a GPU).
     -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
-    if q_u.device.type != 'cuda' and not INTERPRETED:
+    if q.device.type != 'cuda' and not INTERPRETED:
         raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "
-                         f"not on {q_u.device}")
+                         f"not on {q.device}")
     if INTERPRETED and v.dtype != torch.float32:
         raise ValueError(f"Triton's interpreter (the CPU) has no {v.dtype} arithmetic: attn_kernel='triton' on the CPU "
                          f"runs in float32 only")
-    B, H, T, D = q_u.shape
+    B, H, T, D = q.shape
     K = k.size(2)
-    if r_k.shape != (H, K, D) or attn_mask.dim() != 4 or attn_mask.size(1) != 1 or attn_mask.shape[-2:] != (T, K):
-        raise ValueError(f"rel_attention: r_k {tuple(r_k.shape)} and attn_mask {tuple(attn_mask.shape)} do not fit "
-                         f"{K} keys, {T} queries, {H} heads of {D}")
-    # the kernels address q_u, q_v, k, v, r_k, the output and the gradients as contiguous (rows of D); the mask by
+    if (r_k.shape != (H, K, D) or r_w_bias.shape != (H, D) or r_r_bias.shape != (H, D) or attn_mask.dim() != 4
+            or attn_mask.size(1) != 1 or attn_mask.shape[-2:] != (T, K)):
+        raise ValueError(f"rel_attention: r_w_bias {tuple(r_w_bias.shape)}, r_r_bias {tuple(r_r_bias.shape)}, r_k "
+                         f"{tuple(r_k.shape)} and attn_mask {tuple(attn_mask.shape)} do not fit {K} keys, {T} queries, "
+                         f"{H} heads of {D}")
+    # the kernels address q + u, q + v, k, v, r_k, the output and the gradients as contiguous (rows of D); the mask by
     # its strides over rows and queries (one mask for all heads)
-    q_u, q_v, k, v, r_k = (x.to(v.dtype).contiguous() for x in (q_u, q_v, k, v, r_k))
+    k, v, r_k = (x.to(v.dtype).contiguous() for x in (k, v, r_k))
     mask = attn_mask.expand(B, 1, T, K)
     mask = mask if mask.stride(-1) == 1 else mask.contiguous()
-    cc = torch.cuda.get_device_capability(q_u.device)[0] * 10 if q_u.device.type == 'cuda' else 80
+    cc = torch.cuda.get_device_capability(q.device)[0] * 10 if q.device.type == 'cuda' else 80
     tiles = [x if x is not None else default for x, default in
              zip((block_q, block_k, num_warps, num_stages), TILES[90 if cc == 90 else 80])]
-    return _apply(q_u, q_v, k, v, r_k, mask, scale, *tiles)
+    return _apply(q, r_w_bias, r_r_bias, k, v, r_k, mask, scale, *tiles)
 
 
 # torch.compile traces user-written Triton kernels on CUDA; the interpreter's Python it cannot, so there the kernels

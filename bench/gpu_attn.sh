@@ -20,7 +20,7 @@ OUT=${OUT:-out-gpu-attn}
 DRY_RUN=${DRY_RUN:-0}
 DEADLINE=${DEADLINE:-420}
 # block_q,block_k,num_warps,num_stages: TILES' (sm_90's and sm_80's) first, then others to choose from
-TILES=${TILES:-64,32,8,2;32,32,4,2;64,16,8,2;64,32,4,2;64,64,8,2;128,32,8,2}
+TILES=${TILES:-64,16,4,2;32,32,4,2;64,32,8,2;64,16,8,2;64,64,8,2;128,32,8,2}
 KERNELS=${KERNELS:-sdpa,triton}
 DEVICE=cuda SIZE=gpu BACKEND=inductor MODES=compile_bf16 ATTN_ARGS="--dtype=bfloat16" WARMUP=2 STEPS=5 PEAK=0
 if [ "$DRY_RUN" = 1 ]; then
