@@ -17,14 +17,14 @@ need row c = j - i + T - 1. For queries i0..i0+BQ-1 and keys j0..j0+BK-1 these r
 so the tile's (b)+(d) is a product of (q + v) with the band, then a skew: entry (a, b) of the tile is entry (a, t) of
 the product. The band is cut in pieces of BK rows (piece m: rows c0 + m BK .., (BQ + BK - 2) // BK + 1 pieces), and
 entry (a, b) is column t % BK of piece t // BK's (BQ, BK) product: each piece's product is skewed with tl.gather
-along its rows of BK, then kept where it belongs. A gather along a row of BK = 32 reads one value a lane, so one
+along its rows of BK, then kept where it belongs. A gather along rows of BK <= 32 reads one value a lane, so one
 shuffle a score; rows of 64 take two values a lane and the selects between them, and a 64-wide band product and its
 gather did not fit in a thread's registers beside the rest (ptxas: bench/attn_kernels.py --aot; lab/LOG.md). The
 forward walks the key tiles left to right, and tile j0 + BK's band is tile j0's less its first piece plus one more, at
 the same gather index: it makes each piece's product once and carries it, skewed, while the band holds it (one
 (BQ, D) x (D, BK) product a tile, as (a)+(c) costs); the backward kernels remake every piece. (a)+(c) is the usual
-(q + u) k^T. Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and
-masked. clamp_len needs nothing here: R's rows are already clamped when the model builds them.
+(q + u) k^T. Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and masked. clamp_len needs
+nothing here: R's rows are already clamped when the model builds them.
 
 The mask is the caller's own boolean (B, 1, T, K) (causal with memory, key_valid, same_length), read tile by tile
 (a byte per score, against the two bytes of a bf16 bias per head). Keys in a query's future are masked whatever it
