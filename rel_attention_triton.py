@@ -92,13 +92,17 @@ def _piece(R_ptr, h, c0, m, K, D, BK: tl.constexpr, BD: tl.constexpr):
 
 
 @triton.jit
-def _skewed_piece(qv, R_ptr, h, c0, m, K, D, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """Piece m's product (q + v) pieceᵀ (one (BQ, D) x (D, BK) product) skewed into the tile (tl.gather along its
-    rows): entry (a, b) is column t % BK of it, t = b - a + BQ - 1, which is the tile's (b)+(d) where t // BK == m."""
-    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1               # (BQ, BK) t of entry (a, b)
-    product = tl.dot(qv, tl.trans(_piece(R_ptr, h, c0, m, K, D, BK, BD)), input_precision=PRECISION)
-    return tl.gather(product, t % BK, 1)
+def _band_t(BQ: tl.constexpr, BK: tl.constexpr):
+    """t of each entry (a, b) of a tile, b - a + BQ - 1: its row of the band (BQ, BK)."""
+    return tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1
+
+
+@triton.jit
+def _skewed_piece(qv, piece, BQ: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """A piece's product (q + v) pieceᵀ (one (BQ, D) x (D, BK) product) skewed into the tile (tl.gather along its
+    rows): entry (a, b) is column t % BK of it, which is the tile's (b)+(d) where t // BK is the piece's m."""
+    product = tl.dot(qv, tl.trans(piece), input_precision=PRECISION)
+    return tl.gather(product, _band_t(BQ, BK) % BK, 1)
 
 
 @triton.jit
@@ -106,10 +110,11 @@ def _band_scores(qv, R_ptr, h, c0, K, D, BQ: tl.constexpr, BK: tl.constexpr, BD:
                  PRECISION: tl.constexpr):
     """(b)+(d) of the tile moved into place: entry (a, b) is (q_a + v)·r_k[c0 + t], t = b - a + BQ - 1 (BQ, BK),
     each piece's skewed product kept where it belongs before the next is made."""
-    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1
+    t = _band_t(BQ, BK)
     scores = tl.zeros([BQ, BK], tl.float32)
     for m in tl.static_range((BQ + BK - 2) // BK + 1):
-        scores = tl.where(t // BK == m, _skewed_piece(qv, R_ptr, h, c0, m, K, D, BQ, BK, BD, PRECISION), scores)
+        skewed = _skewed_piece(qv, _piece(R_ptr, h, c0, m, K, D, BK, BD), BQ, BK, PRECISION)
+        scores = tl.where(t // BK == m, skewed, scores)
     return scores
 
 
@@ -162,13 +167,13 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
     # piece is multiplied and skewed once, when it enters, and carried while it stays (the gather's index, t % BK, is
     # the same in every tile). carried: pieces 0 .. NP - 2 of the band of tile j0, skewed.
     NP: tl.constexpr = (BQ + BK - 2) // BK + 1
-    t = tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1
+    t = _band_t(BQ, BK)
     carried = ()
     for m in tl.static_range(NP - 1):
-        carried = carried + (_skewed_piece(qv, R_ptr, h, T - i0 - BQ, m, K, D, BQ, BK, BD, PRECISION),)
+        carried = carried + (_skewed_piece(qv, _piece(R_ptr, h, T - i0 - BQ, m, K, D, BK, BD), BQ, BK, PRECISION),)
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
-        entering = _skewed_piece(qv, R_ptr, h, j0 - i0 - BQ + T, NP - 1, K, D, BQ, BK, BD, PRECISION)
+        entering = _skewed_piece(qv, _piece(R_ptr, h, j0 - i0 - BQ + T, NP - 1, K, D, BK, BD), BQ, BK, PRECISION)
         band = entering
         for m in tl.static_range(NP - 1):
             band = tl.where(t // BK == m, carried[m], band)
@@ -268,6 +273,8 @@ def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, D
     d_hi = tl.zeros([S, BD], tl.float32)
     g_lo = tl.zeros([S], tl.float32)
     g_hi = tl.zeros([S], tl.float32)
+    r_lo = _piece(R_ptr, h, dd - S + T, 0, K, D, S, BD)              # the same two pieces for every tile of the
+    r_hi = _piece(R_ptr, h, dd - S + T, 1, K, D, S, BD)              # diagonal: loaded once
     first_i0 = tl.maximum(-dd, 0)
     n_i0 = tl.cdiv(tl.maximum(hi - first_i0, 0), S)                   # the tiles of the diagonal in each batch row
     for m in range(0, B * n_i0):                                      # one loop over every batch row's tiles
@@ -275,7 +282,8 @@ def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, D
         bh = b * H + h
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, S, BD)
         k, v = _key_rows(K_ptr, V_ptr, bh, i0 + dd, K, D, S, BD)
-        band = _band_scores(qv, R_ptr, h, dd - S + T, K, D, S, S, BD, PRECISION)
+        band = tl.where(_band_t(S, S) // S == 0, _skewed_piece(qv, r_lo, S, S, PRECISION),
+                        _skewed_piece(qv, r_hi, S, S, PRECISION))
         score = _tile_scores(qu, k, band, MASK_ptr, i0, i0 + dd, b * stride_mb, stride_mt, T, K, scale, S, S,
                              PRECISION)
         p = tl.exp(score - lse[:, None])
