@@ -64,7 +64,9 @@ INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit r
 # The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages), chosen
 # with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: 64 queries
 # (wgmma's 64 rows) by 16 keys (the band's pieces, and so the gathers, 16 wide) over 4 warps, where every kernel keeps
-# within 168 registers (at 32 keys the backward kernels need 200-255 at 4 warps, 168-180 at 8); sm_80: 32 by 32 over 4
+# within 168 registers (at 32 keys the backward kernels need 200-255 at 4 warps, 168-180 at 8; at 64 keys the forward
+# needs 170 at 4 warps even with the skew left out; the keys and ∂r_k kernels, with 16 rows of keys, make ∂k, ∂v and
+# ∂r_k with mma.sync rather than wgmma); sm_80: 32 by 32 over 4
 # warps. 2 stages of prefetch, but for the ∂r_k kernel (square tiles of block_k, POSITIONS_STAGES: the prefetch of its
 # tiles made it spill). Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
 TILES = {90: (64, 16, 4, 2), 80: (32, 32, 4, 2)}

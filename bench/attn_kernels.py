@@ -23,8 +23,8 @@ GPU timings of the models are compiled); triton is its own kernel and flash need
 --aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90 and sm_80 at the tiles it
 ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the same
 tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says what each costs: one JSON line per kernel and
-architecture with registers per thread, spilled bytes per thread (stores, loads) and shared memory (Triton's
-allocation). The arguments are specialised as the JIT specialises them at the size above (every pointer 16-byte aligned,
+architecture with registers per thread, spilled bytes per thread (stores, loads), shared memory (Triton's
+allocation) and the tensor-core instructions of its PTX by shape (wgmma: sm_90's 64-row products; mma.sync: 16 rows). The arguments are specialised as the JIT specialises them at the size above (every pointer 16-byte aligned,
 every integer a multiple of 16).
 """
 
@@ -278,7 +278,20 @@ def ptxas_report(ptxas, fn, cc, constexprs, num_warps, num_stages):
                              capture_output=True, text=True, check=True).stderr
     number = lambda pattern: int(re.search(pattern, log).group(1))
     return dict(regs=number(r'Used (\d+) registers'), spill_stores=number(r'(\d+) bytes spill stores'),
-                spill_loads=number(r'(\d+) bytes spill loads'), smem=kernel.metadata.shared)
+                spill_loads=number(r'(\d+) bytes spill loads'), smem=kernel.metadata.shared,
+                tensor_cores=tensor_core_instructions(kernel.asm['ptx']))
+
+
+def tensor_core_instructions(ptx):
+    """The tensor-core instructions in a kernel's PTX by kind and shape, counted as written (not as run): wgmma (sm_90's
+    warpgroup products, 64 rows) or mma.sync (a warp's 16 rows: sm_80's, and sm_90's for a product of fewer than 64
+    rows), e.g. {'wgmma m64n16k16': 24}."""
+    found = re.findall(r'\b(wgmma\.mma_async|mma\.sync)(?:\.\w+)*?\.(m\d+n\d+k\d+)\b', ptx)
+    counts = {}
+    for kind, shape in found:
+        name = f"{'wgmma' if kind.startswith('wgmma') else 'mma.sync'} {shape}"
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def aot(cfg):
