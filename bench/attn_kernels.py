@@ -20,12 +20,13 @@ One JSON line per path (triton: one per --triton_tiles entry, triton_BQ,BK,WARPS
 positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
---aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90 and sm_80 at the tiles it
-ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the same
-tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says what each costs: one JSON line per kernel and
-architecture with registers per thread, spilled bytes per thread (stores, loads), shared memory (Triton's
-allocation) and the tensor-core instructions of its PTX by shape (wgmma: sm_90's 64-row products; mma.sync: 16 rows). The arguments are specialised as the JIT specialises them at the size above (every pointer 16-byte aligned,
-every integer a multiple of 16).
+--aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90 and sm_80 at the tiles
+it ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the
+same tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says what each costs: one JSON line per
+kernel and architecture with registers per thread, spilled bytes per thread (stores, loads), shared memory (Triton's
+allocation) and the tensor-core instructions of its PTX by shape (wgmma: sm_90's 64-row products; mma.sync: 16 rows).
+The arguments are specialised as the JIT specialises them at the size above (every pointer 16-byte aligned, every
+integer a multiple of 16).
 """
 
 import json
