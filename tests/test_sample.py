@@ -231,6 +231,21 @@ def test_output_follows_sys_stdout(ckpt_dir, model, enc):
     assert buffer.getvalue() == 'It was' + decode(enc, greedy(model, enc.encode('It was'), 5)) + '\n'
 
 
+def wait_for_torch_import(proc):
+    """Until proc is importing torch: sample.py's own Ctrl-C handler is in place by then, and a Ctrl-C is a
+    one-line exit from there on (before it, during Python's own start, it would not be). Seen in /proc/PID/maps, once
+    torch's first library is mapped; where there is no /proc, 0.3 s."""
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if 'libtorch' in open(f'/proc/{proc.pid}/maps').read():
+                return
+        except OSError:
+            time.sleep(0.3)
+            return
+        time.sleep(0.002)
+
+
 @pytest.mark.parametrize('when', ['while sampling', 'while starting'])
 def test_ctrl_c_is_one_line_and_keeps_the_text(when, ckpt_dir, model, enc):
     """Ctrl-C: exit status 130, one line on stderr and no traceback, whether it comes while text streams out or
@@ -249,7 +264,7 @@ def test_ctrl_c_is_one_line_and_keeps_the_text(when, ckpt_dir, model, enc):
                 head += chunk
         else:
             head = b''
-            time.sleep(0.3)
+            wait_for_torch_import(proc)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
