@@ -238,8 +238,9 @@ def wait_for_torch_import(proc):
     deadline = time.monotonic() + 60
     while proc.poll() is None and time.monotonic() < deadline:
         try:
-            if 'libtorch' in open(f'/proc/{proc.pid}/maps').read():
-                return
+            with open(f'/proc/{proc.pid}/maps') as maps:
+                if 'libtorch' in maps.read():
+                    return
         except OSError:
             time.sleep(0.3)
             return
