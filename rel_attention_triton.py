@@ -304,7 +304,8 @@ def _backward_positions_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, D
     tl.store(G_ROWS + first + S + tl.arange(0, S), g_hi)
 
 
-def _launch_shape(q_u, k, block_q, block_k):
+def _launch_shape(q_u, k):
+    """B, H, T, K, D and BD (D padded to a power of two, at least 16, for tl.arange)."""
     B, H, T, D = q_u.shape
     K = k.size(2)
     return B, H, T, K, D, max(16, triton.next_power_of_2(D))
@@ -319,8 +320,7 @@ def _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, scale, S, 
     diagonal's two pieces of the band (rows c0(n) .. c0(n) + 2S - 1, c0(n) = (n + 1 - cdiv(T, S)) S - S + T), and the
     pieces that cover the same rows (the upper one of diagonal n, the lower one of n + 1) are added here.
     -> (H, K, D) in r_k's dtype, (H, K) float32."""
-    B, H, T, D = q_u.shape
-    K = k.size(2)
+    B, H, T, K, D, _ = _launch_shape(q_u, k)
     n = triton.cdiv(T, S) + triton.cdiv(K, S) - 1                    # the diagonals that cross the (T, K) scores
     pieces = torch.empty(H, n, 2, S, D, device=r_k.device, dtype=torch.float32)
     g_pieces = torch.empty(H, n, 2, S, device=r_k.device, dtype=torch.float32)
@@ -340,7 +340,7 @@ class RelAttention(torch.autograd.Function):
     def forward(ctx, q, u, v_bias, k, v, r_k, mask, scale, block_q, block_k, num_warps, num_stages):
         q_u = (q + u[:, None]).to(v.dtype).contiguous()               # rounded once, as the model's own q + u
         q_v = (q + v_bias[:, None]).to(v.dtype).contiguous()
-        B, H, T, K, D, BD = _launch_shape(q_u, k, block_q, block_k)
+        B, H, T, K, D, BD = _launch_shape(q_u, k)
         out = torch.empty_like(q_u)
         lse = torch.empty(B, H, T, device=q_u.device, dtype=torch.float32)
         grid = (triton.cdiv(T, block_q), B * H)
@@ -356,7 +356,7 @@ class RelAttention(torch.autograd.Function):
     def backward(ctx, d_out, d_lse):
         q_u, q_v, k, v, r_k, mask, out, lse = ctx.saved_tensors
         block_q, block_k, num_warps, num_stages = ctx.tiles
-        B, H, T, K, D, BD = _launch_shape(q_u, k, block_q, block_k)
+        B, H, T, K, D, BD = _launch_shape(q_u, k)
         d_out = d_out.contiguous()
         delta = (d_out.float() * out.float()).sum(-1)                # (B, H, T) δ_i = Σ_j P_ij dP_ij
         if d_lse is not None:

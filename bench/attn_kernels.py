@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -288,11 +289,7 @@ def tensor_core_instructions(ptx):
     warpgroup products, 64 rows) or mma.sync (a warp's 16 rows: sm_80's, and sm_90's for a product of fewer than 64
     rows), e.g. {'wgmma m64n16k16': 24}."""
     found = re.findall(r'\b(wgmma\.mma_async|mma\.sync)(?:\.\w+)*?\.(m\d+n\d+k\d+)\b', ptx)
-    counts = {}
-    for kind, shape in found:
-        name = f"{'wgmma' if kind.startswith('wgmma') else 'mma.sync'} {shape}"
-        counts[name] = counts.get(name, 0) + 1
-    return counts
+    return dict(Counter(f"{'wgmma' if kind.startswith('wgmma') else 'mma.sync'} {shape}" for kind, shape in found))
 
 
 def aot(cfg):
