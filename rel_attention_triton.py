@@ -66,11 +66,19 @@ INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit r
 # (wgmma's 64 rows) by 16 keys (the band's pieces, and so the gathers, 16 wide) over 4 warps, where every kernel keeps
 # within 168 registers (at 32 keys the backward kernels need 200-255 at 4 warps, 168-180 at 8; at 64 keys the forward
 # needs 170 at 4 warps even with the skew left out; the keys and ∂r_k kernels, with 16 rows of keys, make ∂k, ∂v and
-# ∂r_k with mma.sync rather than wgmma); sm_80: 32 by 32 over 4
-# warps. 2 stages of prefetch, but for the ∂r_k kernel (square tiles of block_k, POSITIONS_STAGES: the prefetch of its
-# tiles made it spill). Not yet timed on a GPU. Other GPUs (sm_89, sm_100, ...) take sm_80's.
-TILES = {90: (64, 16, 4, 2), 80: (32, 32, 4, 2)}
+# ∂r_k with mma.sync rather than wgmma); sm_80: 32 by 32 over 4 warps. 2 stages of prefetch, but for the ∂r_k kernel
+# (square tiles of block_k, POSITIONS_STAGES: the prefetch of its tiles made it spill). Not yet timed on a GPU. The
+# data-centre Blackwells (sm_100, sm_103) take sm_90's: there the forward and ∂q make their products with tcgen05 (at
+# sm_80's tiles every product is mma.sync) and no kernel spills, in 109-210 registers (at sm_80's, 140-244). Every
+# other GPU (sm_89, sm_120, ...) takes sm_80's, which spill on none of them.
+TILES = {90: (64, 16, 4, 2), 100: (64, 16, 4, 2), 80: (32, 32, 4, 2)}
 POSITIONS_STAGES = 1
+
+
+def tiles_for(cc):
+    """TILES' entry for compute capability cc (major * 10 + minor): Hopper's (90), the data-centre Blackwells' (100,
+    103: tcgen05), sm_80's for every other GPU."""
+    return TILES[90 if cc == 90 else 100 if cc in (100, 103) else 80]
 
 
 @triton.jit
@@ -411,9 +419,9 @@ def rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, scale, block_q=No
     k, v, r_k = (x.to(v.dtype).contiguous() for x in (k, v, r_k))
     mask = attn_mask.expand(B, 1, T, K)
     mask = mask if mask.stride(-1) == 1 else mask.contiguous()
-    cc = torch.cuda.get_device_capability(q.device)[0] * 10 if q.device.type == 'cuda' else 80
+    major, minor = torch.cuda.get_device_capability(q.device) if q.device.type == 'cuda' else (8, 0)
     tiles = [x if x is not None else default for x, default in
-             zip((block_q, block_k, num_warps, num_stages), TILES[90 if cc == 90 else 80])]
+             zip((block_q, block_k, num_warps, num_stages), tiles_for(major * 10 + minor))]
     return _apply(q, r_w_bias, r_r_bias, k, v, r_k, mask, scale, *tiles)
 
 

@@ -20,8 +20,8 @@ One JSON line per path (triton: one per --triton_tiles entry, triton_BQ,BK,WARPS
 positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
---aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90 and sm_80 at the tiles
-it ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the
+--aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90, sm_80 and sm_100 at the
+tiles it ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the
 same tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says what each costs: one JSON line per
 kernel and architecture with registers per thread, spilled bytes per thread (stores, loads), shared memory (Triton's
 allocation) and the tensor-core instructions of its PTX by shape (wgmma: sm_90's 64-row products; mma.sync: 16 rows).
@@ -245,7 +245,7 @@ def run(cfg):
 # -----------------------------------------------------------------------------------------------------------
 # --aot: what ptxas makes of each kernel, without a GPU
 
-AOT_ARCHS = (90, 80)
+AOT_ARCHS = (90, 80, 100)   # Hopper, Ampere, Blackwell (which takes sm_80's tiles, as every GPU but sm_90)
 AOT_TYPES = {'MASK_ptr': '*i1', 'LSE': '*fp32', 'DELTA': '*fp32', 'DR': '*fp32', 'G_KEYS': '*fp32', 'G_ROWS': '*fp32',
              'scale': 'fp32', 'B': 'i32',
              'stride_mb': 'i32', 'stride_mt': 'i32', 'H': 'i32', 'T': 'i32', 'K': 'i32', 'D': 'i32'}   # others: bf16
@@ -275,8 +275,10 @@ def ptxas_report(ptxas, fn, cc, constexprs, num_warps, num_stages):
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / 'kernel.ptx'
         ptx.write_text(kernel.asm['ptx'])
-        gpu = 'sm_90a' if cc == 90 else f'sm_{cc}'                # Triton's sm_90 PTX uses wgmma: sm_90a
-        log = subprocess.run([str(ptxas), '-v', f'--gpu-name={gpu}', str(ptx), '-o', str(Path(tmp) / 'kernel.cubin')],
+        gpu = re.search(r'^\.target\s+(\w+)', kernel.asm['ptx'], re.M).group(1)   # sm_90a (wgmma), sm_100a, sm_80
+        blackwell = ptxas.with_name('ptxas-blackwell')          # the wheel's ptxas for sm_100 and up, where it has one
+        exe = blackwell if cc >= 100 and blackwell.exists() else ptxas
+        log = subprocess.run([str(exe), '-v', f'--gpu-name={gpu}', str(ptx), '-o', str(Path(tmp) / 'kernel.cubin')],
                              capture_output=True, text=True, check=True).stderr
     number = lambda pattern: int(re.search(pattern, log).group(1))
     return dict(regs=number(r'Used (\d+) registers'), spill_stores=number(r'(\d+) bytes spill stores'),
@@ -286,10 +288,11 @@ def ptxas_report(ptxas, fn, cc, constexprs, num_warps, num_stages):
 
 def tensor_core_instructions(ptx):
     """The tensor-core instructions in a kernel's PTX by kind and shape, counted as written (not as run): wgmma (sm_90's
-    warpgroup products, 64 rows) or mma.sync (a warp's 16 rows: sm_80's, and sm_90's for a product of fewer than 64
-    rows), e.g. {'wgmma m64n16k16': 24}."""
+    warpgroup products, 64 rows), mma.sync (a warp's 16 rows: sm_80's, and sm_90's for a product of fewer than 64
+    rows) or tcgen05.mma (sm_100's, its shape in a descriptor, not in the instruction), e.g. {'wgmma m64n16k16': 24}."""
     found = re.findall(r'\b(wgmma\.mma_async|mma\.sync)(?:\.\w+)*?\.(m\d+n\d+k\d+)\b', ptx)
-    return dict(Counter(f"{'wgmma' if kind.startswith('wgmma') else 'mma.sync'} {shape}" for kind, shape in found))
+    found += [('tcgen05.mma', '')] * len(re.findall(r'\btcgen05\.mma\.', ptx))
+    return dict(Counter(f"{'wgmma' if kind.startswith('wgmma') else kind} {shape}".strip() for kind, shape in found))
 
 
 def aot(cfg):
@@ -302,7 +305,7 @@ def aot(cfg):
     import rel_attention_triton as rel
     D = cfg.d_head
     for cc in AOT_ARCHS:
-        BQ, BK, num_warps, num_stages = rel.TILES[cc]
+        BQ, BK, num_warps, num_stages = rel.tiles_for(cc)
         shapes = dict(BQ=BQ, BK=BK, S=BK, BD=max(16, 1 << (D - 1).bit_length()), PRECISION='tf32')
         kernels = [('flash_yardstick', flash_yardstick.flash_forward_kernel, num_stages),
                    ('forward', rel._forward_kernel, num_stages),

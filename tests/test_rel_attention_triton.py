@@ -333,7 +333,9 @@ def test_model_with_triton_kernel_trains_like_einsum_under_autocast(name):
 # -----------------------------------------------------------------------------------------------------------
 # 5. What ptxas makes of each kernel at the tiles it ships (no GPU: compiled ahead of time for sm_90 and sm_80)
 
-TARGETS = dict(sm_90=dict(smem=200 * 1024, regs={4: 168, 8: 128}), sm_80=dict(smem=100 * 1024, regs={}))
+TARGETS = dict(sm_90=dict(smem=200 * 1024, regs={4: 168, 8: 128}), sm_80=dict(smem=100 * 1024, regs={}),
+               sm_100=dict(smem=200 * 1024, regs={}))       # Blackwell: sm_90's tiles, no register target
+BUSY = dict(sm_90='wgmma ', sm_100='tcgen05.mma')            # the 64-row products of each, where there are any
 
 
 def bench_attn_kernels():
@@ -373,23 +375,24 @@ KNOWN_MISSES = set()
 
 
 def test_kernels_at_the_shipped_tiles_meet_the_targets(ptxas_lines):
-    """Every kernel on sm_90 and sm_80 at TILES: no spill, the registers and shared memory within the issue's targets
-    (sm_90: <= 168 registers a thread at 4 warps, <= 128 at 8; shared memory within 200 KB on sm_90, 100 KB on
-    sm_80), but for KNOWN_MISSES. The yardstick (a plain flash forward at the same tiles) is measured beside them."""
+    """Every kernel on sm_90, sm_80 and sm_100 at its tiles: no spill, the registers and shared memory within the
+    issue's targets (sm_90: <= 168 registers a thread at 4 warps, <= 128 at 8; shared memory within 200 KB on sm_90
+    and sm_100, 100 KB on sm_80), but for KNOWN_MISSES. The yardstick (a plain flash forward at the same tiles) is
+    measured beside them."""
     attn_kernels = bench_attn_kernels()
     assert len(ptxas_lines) == 5 * len(attn_kernels.AOT_ARCHS)
     misses = set()
     for line in ptxas_lines:
         where = f"{line['kernel']} {line['arch']} tiles {line['tiles']}: {line}"
-        tiles = kernel.TILES[int(line['arch'][3:])]
+        tiles = kernel.tiles_for(int(line['arch'][3:]))
         if line['kernel'] == 'backward_positions':                 # one stage, whatever the others take
             tiles = (*tiles[:3], kernel.POSITIONS_STAGES)
         assert line['tiles'] == ','.join(map(str, tiles)) and line['regs'] > 0, where
         assert line['tensor_cores'], where                         # every product on the tensor cores
-        if line['arch'] == 'sm_90' and line['kernel'] in ('flash_yardstick', 'forward', 'backward_queries'):
-            # tensor cores busy: products with the tile's 64 rows of queries as wgmma's rows (the keys and ∂r_k
-            # kernels' accumulators have block_k rows: mma.sync)
-            assert all(name.startswith('wgmma ') for name in line['tensor_cores']), where
+        if line['arch'] in BUSY and line['kernel'] in ('flash_yardstick', 'forward', 'backward_queries'):
+            # tensor cores busy: products with the tile's 64 rows of queries as wgmma's (tcgen05's) rows (the keys
+            # and ∂r_k kernels' accumulators have block_k rows: mma.sync)
+            assert all(name.startswith(BUSY[line['arch']]) for name in line['tensor_cores']), where
         if line['kernel'] == 'flash_yardstick':
             continue
         target = TARGETS[line['arch']]
@@ -405,9 +408,12 @@ def test_tensor_core_instructions_are_read_from_the_ptx():
                      '\twgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f3}, %rd3, %rd4, p, 1, 1, 0, 1;',
                      '\twgmma.fence.sync.aligned;', '\twgmma.commit_group.sync.aligned;',
                      '\tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f5}, {%r1}, {%r2}, {%f6};',
-                     '\twgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f7}, %rd5, %rd6, p, 1, 1, 0, 1;'])
+                     '\twgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%f7}, %rd5, %rd6, p, 1, 1, 0, 1;',
+                     '\ttcgen05.mma.cta_group::1.kind::f16 [%r3], %rd7, %rd8, %r4, p;',        # sm_100's
+                     '\ttcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [%rd9];',
+                     '\ttcgen05.ld.sync.aligned.32x32b.x64.b32 {%r5}, [%r6];'])
     assert bench_attn_kernels().tensor_core_instructions(ptx) == {
-        'wgmma m64n16k16': 2, 'wgmma m64n64k16': 1, 'mma.sync m16n8k16': 1}
+        'wgmma m64n16k16': 2, 'wgmma m64n64k16': 1, 'mma.sync m16n8k16': 1, 'tcgen05.mma': 1}
     assert bench_attn_kernels().tensor_core_instructions('\tfma.rn.f32 %f1, %f2, %f3, %f4;') == {}
 
 
@@ -416,5 +422,14 @@ def test_bench_times_the_shipped_tiles():
     attn_kernels = bench_attn_kernels()
     if kernel is None:
         pytest.skip(NO_TRITON)
-    shipped = [','.join(map(str, kernel.TILES[cc])) for cc in attn_kernels.AOT_ARCHS]
+    shipped = [','.join(map(str, kernel.tiles_for(cc))) for cc in attn_kernels.AOT_ARCHS]
     assert attn_kernels.TRITON_TILES.split(';') == list(dict.fromkeys(shipped))
+
+
+def test_each_gpu_gets_the_tiles_of_its_family():
+    """Hopper its own, the data-centre Blackwells (tcgen05) Hopper's, every other GPU sm_80's."""
+    if kernel is None:
+        pytest.skip(NO_TRITON)
+    assert kernel.tiles_for(90) == kernel.TILES[90]
+    assert kernel.tiles_for(100) == kernel.tiles_for(103) == kernel.TILES[100]
+    assert all(kernel.tiles_for(cc) == kernel.TILES[80] for cc in (75, 80, 86, 89, 110, 120, 121))
