@@ -24,9 +24,9 @@ GPU timings of the models are compiled); triton is its own kernel and flash need
 tiles it ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the
 same tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says what each costs: one JSON line per
 kernel and architecture with registers per thread, spilled bytes per thread (stores, loads), shared memory (Triton's
-allocation) and the tensor-core instructions of its PTX by shape (wgmma: sm_90's 64-row products; mma.sync: 16 rows).
-The arguments are specialised as the JIT specialises them at the size above (every pointer 16-byte aligned, every
-integer a multiple of 16).
+allocation) and the tensor-core instructions of its PTX by shape (wgmma: sm_90's 64-row products; tcgen05.mma:
+sm_100's; mma.sync: 16 rows). The arguments are specialised as the JIT specialises them at the size above (every
+pointer 16-byte aligned, every integer a multiple of 16).
 """
 
 import json
@@ -245,7 +245,7 @@ def run(cfg):
 # -----------------------------------------------------------------------------------------------------------
 # --aot: what ptxas makes of each kernel, without a GPU
 
-AOT_ARCHS = (90, 80, 100)   # Hopper, Ampere, Blackwell (which takes sm_80's tiles, as every GPU but sm_90)
+AOT_ARCHS = (90, 80, 100)   # Hopper, Ampere, Blackwell (Hopper's tiles: rel_attention_triton.tiles_for)
 AOT_TYPES = {'MASK_ptr': '*i1', 'LSE': '*fp32', 'DELTA': '*fp32', 'DR': '*fp32', 'G_KEYS': '*fp32', 'G_ROWS': '*fp32',
              'scale': 'fp32', 'B': 'i32',
              'stride_mb': 'i32', 'stride_mt': 'i32', 'H': 'i32', 'T': 'i32', 'K': 'i32', 'D': 'i32'}   # others: bf16

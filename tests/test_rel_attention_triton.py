@@ -331,7 +331,7 @@ def test_model_with_triton_kernel_trains_like_einsum_under_autocast(name):
 
 
 # -----------------------------------------------------------------------------------------------------------
-# 5. What ptxas makes of each kernel at the tiles it ships (no GPU: compiled ahead of time for sm_90 and sm_80)
+# 5. What ptxas makes of each kernel at the tiles it ships (no GPU: compiled ahead of time for sm_90, sm_80, sm_100)
 
 TARGETS = dict(sm_90=dict(smem=200 * 1024, regs={4: 168, 8: 128}), sm_80=dict(smem=100 * 1024, regs={}),
                sm_100=dict(smem=200 * 1024, regs={}))       # Blackwell: sm_90's tiles, no register target
