@@ -71,14 +71,14 @@ INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit r
 # data-centre Blackwells (sm_100, sm_103) take sm_90's: there the forward and ∂q make their products with tcgen05 (at
 # sm_80's tiles every product is mma.sync) and no kernel spills, in 109-210 registers (at sm_80's, 140-244). Every
 # other GPU (sm_89, sm_120, ...) takes sm_80's, which spill on none of them.
-TILES = {90: (64, 16, 4, 2), 100: (64, 16, 4, 2), 80: (32, 32, 4, 2)}
+TILES = {90: (64, 16, 4, 2), 80: (32, 32, 4, 2)}
 POSITIONS_STAGES = 1
 
 
 def tiles_for(cc):
-    """TILES' entry for compute capability cc (major * 10 + minor): Hopper's (90), the data-centre Blackwells' (100,
-    103: tcgen05), sm_80's for every other GPU."""
-    return TILES[90 if cc == 90 else 100 if cc in (100, 103) else 80]
+    """TILES' entry for compute capability cc (major * 10 + minor): sm_90's on Hopper and the data-centre Blackwells
+    (100, 103: tcgen05), sm_80's on every other GPU."""
+    return TILES[90 if cc in (90, 100, 103) else 80]
 
 
 @triton.jit

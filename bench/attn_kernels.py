@@ -290,9 +290,9 @@ def tensor_core_instructions(ptx):
     """The tensor-core instructions in a kernel's PTX by kind and shape, counted as written (not as run): wgmma (sm_90's
     warpgroup products, 64 rows), mma.sync (a warp's 16 rows: sm_80's, and sm_90's for a product of fewer than 64
     rows) or tcgen05.mma (sm_100's, its shape in a descriptor, not in the instruction), e.g. {'wgmma m64n16k16': 24}."""
-    found = re.findall(r'\b(wgmma\.mma_async|mma\.sync)(?:\.\w+)*?\.(m\d+n\d+k\d+)\b', ptx)
-    found += [('tcgen05.mma', '')] * len(re.findall(r'\btcgen05\.mma\.', ptx))
-    return dict(Counter(f"{'wgmma' if kind.startswith('wgmma') else kind} {shape}".strip() for kind, shape in found))
+    found = [f"{'wgmma' if kind.startswith('wgmma') else 'mma.sync'} {shape}" for kind, shape in
+             re.findall(r'\b(wgmma\.mma_async|mma\.sync)(?:\.\w+)*?\.(m\d+n\d+k\d+)\b', ptx)]
+    return dict(Counter(found + ['tcgen05.mma'] * len(re.findall(r'\btcgen05\.mma\.', ptx))))
 
 
 def aot(cfg):
