@@ -15,20 +15,25 @@ r_k = W_{k,R} R (H, K, D) holds row c for distance K-1-c (the order project_posi
 need row c = j - i + T - 1. For queries i0..i0+BQ-1 and keys j0..j0+BK-1 these rows form one band,
     c = c0 + t,  c0 = j0 - i0 - BQ + T,  t = (j - j0) - (i - i0) + BQ - 1 in [0, BQ + BK - 2],
 so the tile's (b)+(d) is a product of (q + v) with the band, then a skew: entry (a, b) of the tile is entry (a, t) of
-the product. The band is cut in pieces of BK rows (piece m: rows c0 + m BK .., (BQ + BK - 2) // BK + 1 pieces), and
-entry (a, b) is column t % BK of piece t // BK's (BQ, BK) product: each piece's product is skewed with tl.gather
-along its rows of BK, then kept where it belongs. A gather along rows of BK <= 32 reads one value a lane, so one
-shuffle a score; rows of 64 take two values a lane and the selects between them, and a 64-wide band product and its
-gather did not fit in a thread's registers beside the rest (ptxas: bench/attn_kernels.py --aot; lab/LOG.md). The
-forward walks the key tiles left to right, and tile j0 + BK's band is tile j0's less its first piece plus one more, at
-the same gather index: it makes each piece's product once and carries it, skewed, while the band holds it (one
-(BQ, D) x (D, BK) product a tile, as (a)+(c) costs); the backward kernels remake every piece. (a)+(c) is the usual
-(q + u) k^T. Rows of the band outside 0..K-1 are distances outside 0..K-1: read as zeros and masked. clamp_len needs
-nothing here: R's rows are already clamped when the model builds them.
+the product. The tile's keys are taken in blocks of W (the whole tile up to 32 keys, else 16), and the band in pieces
+of W rows (piece m: rows c0 + m W ..): entry (a, b') of block n is column t' % W of piece n + t' // W's (BQ, W)
+product, t' = b' - a + BQ - 1, so each piece's product is skewed with tl.gather along its rows of W and kept where it
+belongs (NP = (BQ + W - 2) // W + 1 pieces a block), in a (BQ, BK / W, W) tile reshaped to (BQ, BK). A gather along
+rows of W <= 32 reads one value a lane, so one shuffle a score; rows of 64 take two values a lane and the selects
+between them, and a 64-wide band product and its gather did not fit in a thread's registers beside the rest (ptxas:
+bench/attn_kernels.py --aot; lab/LOG.md); in blocks of 16, 64 keys do. Where a tile is one block, the forward walks the
+key tiles left to right, and tile j0 + BK's band is tile j0's less its first piece plus one more, at the same gather
+index: it makes each piece's product once and carries it, skewed, while the band holds it (one (BQ, D) x (D, BK)
+product a tile, as (a)+(c) costs); in blocks, the carried pieces cost more registers than the products they save, and
+each tile makes its own BK / W + NP - 1 (at 64 x 64: twice (a)+(c)'s flops), as the backward kernels (one block a
+tile) make theirs. (a)+(c) is the usual (q + u) k^T. Rows of the band outside 0..K-1 are distances outside 0..K-1:
+read as zeros and masked. clamp_len needs nothing here: R's rows are already clamped when the model builds them.
 
 The mask is the caller's own boolean (B, 1, T, K) (causal with memory, key_valid, same_length), read tile by tile
-(a byte per score, against the two bytes of a bf16 bias per head). Keys in a query's future are masked whatever it
-says (their band rows are the rel-shift's garbage), and key tiles wholly in the future of a query tile are skipped.
+(a byte per score, against the two bytes of a bf16 bias per head; the whole tile, future keys too, so that the reads
+are vector loads: a load cut up by the causal test took 32 registers more, ptxas). Keys in a query's future are
+masked whatever it says (their band rows are the rel-shift's garbage), and key tiles wholly in the future of a query
+tile are skipped.
 
 Backward (G = d · P ∘ (dP - δ), δ_i = Σ_j P_ij dP_ij - ∂L/∂lse_i, dP = dO vᵀ, as flash attention's):
     ∂k = Gᵀ (q+u),  ∂v = Pᵀ dO,
@@ -61,24 +66,25 @@ import triton.language as tl
 
 INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit reads it, when this file is imported
 
-# The tiles each kernel runs at by default, per compute capability: (block_q, block_k, num_warps, num_stages), chosen
-# with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py holds them to it). sm_90: 64 queries
-# (wgmma's 64 rows) by 16 keys (the band's pieces, and so the gathers, 16 wide) over 4 warps, where every kernel keeps
-# within 168 registers (at 32 keys the backward kernels need 200-255 at 4 warps, 168-180 at 8; at 64 keys the forward
-# needs 170 at 4 warps even with the skew left out; the keys and ∂r_k kernels, with 16 rows of keys, make ∂k, ∂v and
-# ∂r_k with mma.sync rather than wgmma); sm_80: 32 by 32 over 4 warps. 2 stages of prefetch, but for the ∂r_k kernel
-# (square tiles of block_k, POSITIONS_STAGES: the prefetch of its tiles made it spill). Not yet timed on a GPU. The
-# data-centre Blackwells (sm_100, sm_103) take sm_90's: there the forward and ∂q make their products with tcgen05 (at
-# sm_80's tiles every product is mma.sync) and no kernel spills, in 109-210 registers (at sm_80's, 140-244). Every
-# other GPU (sm_89, sm_120, ...) takes sm_80's, which spill on none of them.
-TILES = {90: (64, 16, 4, 2), 80: (32, 32, 4, 2)}
+# The tiles the kernels run at by default, per compute capability: the forward's and the backward's, each (block_q,
+# block_k, num_warps, num_stages), chosen with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py
+# holds them to it; lab/LOG.md has the variants). sm_90: the forward at 64 x 64 over 4 warps (wgmma's 64 rows both
+# ways, the band in blocks of 16 keys: 166 registers; triton 3.6.0 makes 189 of it), the backward at 64 queries x 16
+# keys (at 64 x 64 the ∂q kernel needs 219 registers, and a plain flash attention's ∂k, ∂v kernel, with no
+# positional term at all, 200 at 4 warps and 174 at 8; the keys and ∂r_k kernels make ∂k, ∂v and ∂r_k with mma.sync,
+# 16 rows of keys). sm_100 and sm_103 (data-centre Blackwell): 64 x 16 both ways (tcgen05 in the forward and ∂q; the
+# 64 x 64 forward needs 255). sm_80 and every other GPU (sm_89, sm_120, ...): 32 x 32 over 4 warps, no spill on any.
+# 2 stages of prefetch, but for the ∂r_k kernel (square tiles of the backward's block_k, POSITIONS_STAGES: the
+# prefetch of its tiles made it spill). Not yet timed on a GPU.
+TILES = {90: ((64, 64, 4, 2), (64, 16, 4, 2)), 100: ((64, 16, 4, 2), (64, 16, 4, 2)),
+         80: ((32, 32, 4, 2), (32, 32, 4, 2))}
 POSITIONS_STAGES = 1
 
 
 def tiles_for(cc):
-    """TILES' entry for compute capability cc (major * 10 + minor): sm_90's on Hopper and the data-centre Blackwells
-    (100, 103: tcgen05), sm_80's on every other GPU."""
-    return TILES[90 if cc in (90, 100, 103) else 80]
+    """TILES' entry for compute capability cc (major * 10 + minor): sm_90's on Hopper, sm_100's on the data-centre
+    Blackwells (100, 103: tcgen05), sm_80's on every other GPU."""
+    return TILES[90 if cc == 90 else 100 if cc in (100, 103) else 80]
 
 
 @triton.jit
@@ -96,36 +102,38 @@ def _store_rows(ptr, first, offs, n, offs_d, D, x):
 
 
 @triton.jit
-def _piece(R_ptr, h, c0, m, K, D, BK: tl.constexpr, BD: tl.constexpr):
-    """Piece m of the band of r_k a tile needs, rows c0 + m BK .. c0 + m BK + BK - 1: (BK, BD); zero outside 0..K-1."""
-    return _rows(R_ptr, h * K, c0 + m * BK + tl.arange(0, BK), K, tl.arange(0, BD), D)
+def _piece(R_ptr, h, c0, m, K, D, W: tl.constexpr, BD: tl.constexpr):
+    """Piece m of the band of r_k a tile needs, rows c0 + m W .. c0 + m W + W - 1: (W, BD); zero outside 0..K-1."""
+    return _rows(R_ptr, h * K, c0 + m * W + tl.arange(0, W), K, tl.arange(0, BD), D)
 
 
 @triton.jit
-def _band_t(BQ: tl.constexpr, BK: tl.constexpr):
-    """t of each entry (a, b) of a tile, b - a + BQ - 1: its row of the band (BQ, BK)."""
-    return tl.arange(0, BK)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1
+def _band_t(BQ: tl.constexpr, W: tl.constexpr):
+    """t of each entry (a, b) of a tile's first W keys, b - a + BQ - 1: its row of the band (BQ, W)."""
+    return tl.arange(0, W)[None, :] - tl.arange(0, BQ)[:, None] + BQ - 1
 
 
 @triton.jit
-def _skewed_piece(qv, piece, BQ: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
-    """A piece's product (q + v) pieceᵀ (one (BQ, D) x (D, BK) product) skewed into the tile (tl.gather along its
-    rows): entry (a, b) is column t % BK of it, which is the tile's (b)+(d) where t // BK is the piece's m."""
+def _skewed_piece(qv, piece, BQ: tl.constexpr, W: tl.constexpr, PRECISION: tl.constexpr):
+    """A piece's product (q + v) pieceᵀ (one (BQ, D) x (D, W) product) skewed into a block of W keys (tl.gather along
+    its rows): entry (a, b) is column t % W of it, which is the block's (b)+(d) where t // W is the piece's m."""
     product = tl.dot(qv, tl.trans(piece), input_precision=PRECISION)
-    return tl.gather(product, _band_t(BQ, BK) % BK, 1)
+    return tl.gather(product, _band_t(BQ, W) % W, 1)
 
 
 @triton.jit
-def _band_scores(qv, R_ptr, h, c0, K, D, BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+def _band_scores(qv, R_ptr, h, c0, K, D, BQ: tl.constexpr, BK: tl.constexpr, W: tl.constexpr, BD: tl.constexpr,
                  PRECISION: tl.constexpr):
     """(b)+(d) of the tile moved into place: entry (a, b) is (q_a + v)·r_k[c0 + t], t = b - a + BQ - 1 (BQ, BK),
-    each piece's skewed product kept where it belongs before the next is made."""
-    t = _band_t(BQ, BK)
-    scores = tl.zeros([BQ, BK], tl.float32)
-    for m in tl.static_range((BQ + BK - 2) // BK + 1):
-        skewed = _skewed_piece(qv, _piece(R_ptr, h, c0, m, K, D, BK, BD), BQ, BK, PRECISION)
-        scores = tl.where(t // BK == m, skewed, scores)
-    return scores
+    made as BK // W blocks of W keys side by side, (BQ, BK // W, W): entry (a, n, b') is that of piece n + t' // W,
+    t' = b' - a + BQ - 1, each piece's skewed product kept where it belongs (a piece serves up to NP blocks)."""
+    t = _band_t(BQ, W)                                                # t' of each (a, b')
+    n = tl.arange(0, BK // W)[None, :, None]
+    band = tl.zeros([BQ, BK // W, W], tl.float32)
+    for m in tl.static_range(BK // W + (BQ + W - 2) // W):           # every piece of the band: BK // W + NP - 1
+        skewed = _skewed_piece(qv, _piece(R_ptr, h, c0, m, K, D, W, BD), BQ, W, PRECISION)
+        band = tl.where((t // W)[:, None, :] == m - n, skewed[:, None, :], band)
+    return tl.reshape(band, (BQ, BK))
 
 
 @triton.jit
@@ -136,8 +144,9 @@ def _tile_scores(qu, k, band_scores, MASK_ptr, i0, j0, mask_base, stride_mt, T, 
     offs_i, offs_j = i0 + tl.arange(0, BQ), j0 + tl.arange(0, BK)
     score = tl.dot(qu, tl.trans(k), input_precision=PRECISION) + band_scores         # (a)+(c): (q_i + u)·k_j
     allowed = ((K - T + offs_i[:, None] - offs_j[None, :]) >= 0) & (offs_i[:, None] < T) & (offs_j[None, :] < K)
+    inside = (offs_i[:, None] < T) & (offs_j[None, :] < K)
     allowed = allowed & (tl.load(MASK_ptr + mask_base + offs_i[:, None] * stride_mt + offs_j[None, :],
-                                 mask=allowed, other=0) != 0)                           # the caller's mask
+                                 mask=inside, other=0) != 0)                            # the caller's mask
     return tl.where(allowed, score * scale, float('-inf'))
 
 
@@ -164,6 +173,7 @@ def _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ: tl.constexpr, BD: tl.c
 def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, stride_mt, H, T, K, D, scale,
                     BQ: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, PRECISION: tl.constexpr):
     """out and lse of one tile of queries, over the key tiles it can see (online softmax)."""
+    W: tl.constexpr = BK if BK <= 32 else 16                           # the tile's keys in BK // W blocks of W
     i0, bh = tl.program_id(0) * BQ, tl.program_id(1)
     h, offs, offs_d = bh % H, tl.arange(0, BQ), tl.arange(0, BD)
     qu = _rows(QU, bh * T + i0, offs, T - i0, offs_d, D)               # (BQ, BD) q + u
@@ -173,21 +183,25 @@ def _forward_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, OUT, LSE, stride_mb, 
     l_i = tl.zeros([BQ], tl.float32)                                   # running Σ exp
     acc = tl.zeros([BQ, BD], tl.float32)
     hi = tl.minimum(K, K - T + i0 + BQ)                                # keys past hi are in every query's future
-    # The key tiles go left to right, and the band of tile j0 + BK is that of j0 less its first piece, plus one: each
-    # piece is multiplied and skewed once, when it enters, and carried while it stays (the gather's index, t % BK, is
-    # the same in every tile). carried: pieces 0 .. NP - 2 of the band of tile j0, skewed.
-    NP: tl.constexpr = (BQ + BK - 2) // BK + 1
-    t = _band_t(BQ, BK)
+    # One block a tile: the key tiles go left to right, and the band of tile j0 + BK is that of j0 less its first
+    # piece, plus one: each piece is multiplied and skewed once, when it enters, and carried while it stays (the
+    # gather's index, t % W, is the same in every tile). carried: pieces 0 .. NP - 2 of the band of tile j0, skewed.
+    NP: tl.constexpr = (BQ + W - 2) // W + 1
+    t = _band_t(BQ, W)
     carried = ()
-    for m in tl.static_range(NP - 1):
-        carried = carried + (_skewed_piece(qv, _piece(R_ptr, h, T - i0 - BQ, m, K, D, BK, BD), BQ, BK, PRECISION),)
+    if W == BK:
+        for m in tl.static_range(NP - 1):
+            carried = carried + (_skewed_piece(qv, _piece(R_ptr, h, T - i0 - BQ, m, K, D, W, BD), BQ, W, PRECISION),)
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
-        entering = _skewed_piece(qv, _piece(R_ptr, h, j0 - i0 - BQ + T, NP - 1, K, D, BK, BD), BQ, BK, PRECISION)
-        band = entering
-        for m in tl.static_range(NP - 1):
-            band = tl.where(t // BK == m, carried[m], band)
-        carried = carried[1:] + (entering,)
+        if W == BK:
+            entering = _skewed_piece(qv, _piece(R_ptr, h, j0 - i0 - BQ + T, NP - 1, K, D, W, BD), BQ, W, PRECISION)
+            band = entering
+            for m in tl.static_range(NP - 1):
+                band = tl.where(t // W == m, carried[m], band)
+            carried = carried[1:] + (entering,)
+        else:                                                          # blocks of 16: every piece made afresh
+            band = _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, W, BD, PRECISION)
         score = _tile_scores(qu, k, band, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale, BQ, BK, PRECISION)
         m_new = tl.maximum(m_i, tl.max(score, 1))
         m_safe = tl.where(m_new == float('-inf'), 0.0, m_new)         # a row with nothing allowed yet
@@ -217,7 +231,7 @@ def _backward_keys_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DELTA,
     first = tl.maximum(j0 - (K - T), 0) // BQ * BQ                   # earlier queries see none of these keys
     for i0 in range(first, T, BQ):
         qu, qv, do, lse, delta = _query_rows(QU, QV, DO, LSE, DELTA, bh, i0, T, D, BQ, BD)
-        band = _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BD, PRECISION)
+        band = _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BK, BD, PRECISION)
         score = _tile_scores(qu, k, band, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale, BQ, BK, PRECISION)
         p = tl.exp(score - lse[:, None])                              # (BQ, BK) the probabilities, 0 where masked
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
@@ -254,7 +268,7 @@ def _backward_queries_kernel(QU, QV, K_ptr, V_ptr, R_ptr, MASK_ptr, DO, LSE, DEL
     hi = tl.minimum(K, K - T + i0 + BQ)
     for j0 in range(0, hi, BK):
         k, v = _key_rows(K_ptr, V_ptr, bh, j0, K, D, BK, BD)
-        band = _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BD, PRECISION)
+        band = _band_scores(qv, R_ptr, h, j0 - i0 - BQ + T, K, D, BQ, BK, BK, BD, PRECISION)
         score = _tile_scores(qu, k, band, MASK_ptr, i0, j0, mask_base, stride_mt, T, K, scale, BQ, BK, PRECISION)
         p = tl.exp(score - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -345,19 +359,18 @@ def _backward_positions(q_u, q_v, k, v, r_k, mask, d_out, lse, delta, scale, S, 
 
 class RelAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, u, v_bias, k, v, r_k, mask, scale, block_q, block_k, num_warps, num_stages):
+    def forward(ctx, q, u, v_bias, k, v, r_k, mask, scale, tiles):
         q_u = (q + u[:, None]).to(v.dtype).contiguous()               # rounded once, as the model's own q + u
         q_v = (q + v_bias[:, None]).to(v.dtype).contiguous()
         B, H, T, K, D, BD = _launch_shape(q_u, k)
         out = torch.empty_like(q_u)
         lse = torch.empty(B, H, T, device=q_u.device, dtype=torch.float32)
-        grid = (triton.cdiv(T, block_q), B * H)
-        _forward_kernel[grid](q_u, q_v, k, v, r_k, mask, out, lse, mask.stride(0), mask.stride(2), H, T, K, D, scale,
-                              BQ=block_q, BK=block_k, BD=BD, PRECISION=_precision(q_u.dtype),
-                              num_warps=num_warps, num_stages=num_stages)
+        (block_q, block_k, num_warps, num_stages), backward_tiles = tiles
+        _forward_kernel[(triton.cdiv(T, block_q), B * H)](
+            q_u, q_v, k, v, r_k, mask, out, lse, mask.stride(0), mask.stride(2), H, T, K, D, scale, BQ=block_q,
+            BK=block_k, BD=BD, PRECISION=_precision(q_u.dtype), num_warps=num_warps, num_stages=num_stages)
         ctx.save_for_backward(q_u, q_v, k, v, r_k, mask, out, lse)
-        ctx.scale, ctx.tiles, ctx.dtypes = scale, (block_q, block_k, num_warps, num_stages), (q.dtype, u.dtype,
-                                                                                              v_bias.dtype)
+        ctx.scale, ctx.tiles, ctx.dtypes = scale, backward_tiles, (q.dtype, u.dtype, v_bias.dtype)
         return out, lse
 
     @staticmethod
@@ -385,21 +398,27 @@ class RelAttention(torch.autograd.Function):
         d_u = torch.einsum('bhj,bhjd->hd', g_keys, k.float())        # Σ_b,i ∂(q+u)_i = Σ_b,j (Σ_i G_ij) k_j
         d_v_bias = torch.einsum('hc,hcd->hd', g_rows, r_k.float())   # Σ_b,i ∂(q+v)_i = Σ_c (Σ_c(i,j)=c G_ij) r_k[c]
         q_dtype, u_dtype, v_bias_dtype = ctx.dtypes
-        return (dq.to(q_dtype), d_u.to(u_dtype), d_v_bias.to(v_bias_dtype), dk, dv, d_r,
-                None, None, None, None, None, None)
+        return dq.to(q_dtype), d_u.to(u_dtype), d_v_bias.to(v_bias_dtype), dk, dv, d_r, None, None, None
 
 
-def rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, scale, block_q=None, block_k=None, num_warps=None,
-                  num_stages=None):
+def _tiles_ok(tiles):
+    """(the forward's, the backward's), each (block_q, block_k, num_warps, num_stages): rel_attention's tiles?"""
+    power_of_two = lambda x: isinstance(x, int) and x >= 1 and x & (x - 1) == 0
+    return (isinstance(tiles, (tuple, list)) and len(tiles) == 2 and
+            all(isinstance(each, (tuple, list)) and len(each) == 4 and all(map(power_of_two, each[:3])) and
+                min(each[:2]) >= 16 and isinstance(each[3], int) and each[3] >= 1 for each in tiles))
+
+
+def rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, scale, tiles=None):
     """softmax(scale · ((q+u) kᵀ + rel_shift((q+v) r_kᵀ)), masked) v and its log-sum-exp, in one kernel.
     q: (B, H, T, D); r_w_bias (u), r_r_bias (v): (H, D); k, v: (B, H, K, D), the last T keys being the queries' own
     positions; r_k: (H, K, D) W_{k,R} R for the distances K-1, ..., 0; attn_mask: (B, 1, T, K) bool, True where
     allowed (keys in a query's future are masked whatever it says). q + u and q + v are made here and everything is
     cast to v's dtype. The backward makes ∂q in one accumulator, ∂u from Σ_i G_ij (the keys kernel) and ∂v from G
     summed along each distance (the ∂r_k kernel).
-    block_q, block_k (powers of two, >= 16), num_warps, num_stages: the tiles, warps and prefetch stages of every
-    kernel (the ∂r_k kernel: block_k square, POSITIONS_STAGES); each left None is TILES' for the device (not yet timed
-    on a GPU).
+    tiles: (the forward's, the backward's), each (block_q, block_k, num_warps, num_stages): blocks powers of two
+    >= 16, num_warps a power of two, num_stages >= 1 (the ∂r_k kernel: the backward's block_k square and
+    POSITIONS_STAGES); None: TILES' for the device (not yet timed on a GPU).
     -> out (B, H, T, D) in v's dtype, lse (B, H, T) float32 (-inf for a query that may see no key; its out is 0)."""
     if q.device.type != 'cuda' and not INTERPRETED:
         raise ValueError(f"attn_kernel='triton' runs on CUDA tensors (on the CPU only under TRITON_INTERPRET=1), "
@@ -419,10 +438,13 @@ def rel_attention(q, r_w_bias, r_r_bias, k, v, r_k, attn_mask, scale, block_q=No
     k, v, r_k = (x.to(v.dtype).contiguous() for x in (k, v, r_k))
     mask = attn_mask.expand(B, 1, T, K)
     mask = mask if mask.stride(-1) == 1 else mask.contiguous()
-    major, minor = torch.cuda.get_device_capability(q.device) if q.device.type == 'cuda' else (8, 0)
-    tiles = [x if x is not None else default for x, default in
-             zip((block_q, block_k, num_warps, num_stages), tiles_for(major * 10 + minor))]
-    return _apply(q, r_w_bias, r_r_bias, k, v, r_k, mask, scale, *tiles)
+    if tiles is None:
+        major, minor = torch.cuda.get_device_capability(q.device) if q.device.type == 'cuda' else (8, 0)
+        tiles = tiles_for(major * 10 + minor)
+    if not _tiles_ok(tiles):
+        raise ValueError(f"rel_attention: tiles are (the forward's, the backward's), each (block_q, block_k, "
+                         f"num_warps, num_stages): blocks powers of two >= 16, num_warps a power of two; got {tiles}")
+    return _apply(q, r_w_bias, r_r_bias, k, v, r_k, mask, scale, tiles)
 
 
 # torch.compile traces user-written Triton kernels on CUDA; the interpreter's Python it cannot, so there the kernels

@@ -15,18 +15,18 @@ Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal
     triton  rel_attention_triton.py: (b)+(d) inside each tile of one flash-style kernel (attn_kernel='triton'); on the
             CPU interpreted, in float32 only
     flash   the floor: SDPA with no positional term at all (causal_lower_right): what the position term costs
-One JSON line per path (triton: one per --triton_tiles entry, triton_BQ,BK,WARPS,STAGES): milliseconds (median over
+One JSON line per path (triton: one per --triton_tiles entry, triton_<entry>): milliseconds (median over
 --iters after --warmup), and the largest difference of its output and its gradients from the einsum path's (flash: no
 positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
 --aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90, sm_80 and sm_100 at the
-tiles it ships for each (its TILES; the ∂r_k kernel at its POSITIONS_STAGES), beside a plain causal flash forward at the
-same tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says what each costs: one JSON line per
-kernel and architecture with registers per thread, spilled bytes per thread (stores, loads), shared memory (Triton's
-allocation) and the tensor-core instructions of its PTX by shape (wgmma: sm_90's 64-row products; tcgen05.mma:
-sm_100's; mma.sync: 16 rows). The arguments are specialised as the JIT specialises them at the size above (every
-pointer 16-byte aligned, every integer a multiple of 16).
+tiles it ships for each (its TILES: the forward's, the backward's; the ∂r_k kernel at its POSITIONS_STAGES), beside a
+plain causal flash forward at the forward's tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says
+what each costs: one JSON line per kernel and architecture with registers per thread, spilled bytes per thread
+(stores, loads), shared memory (Triton's allocation) and the tensor-core instructions of its PTX by shape (wgmma:
+sm_90's 64-row products; tcgen05.mma: sm_100's; mma.sync: 16 rows). The arguments are specialised as the JIT
+specialises them at the size above (every pointer 16-byte aligned, every integer a multiple of 16).
 """
 
 import json
@@ -50,7 +50,8 @@ from common import train  # noqa: E402
 
 PATHS = ('einsum', 'sdpa', 'flex', 'triton', 'flash')
 QUICK = dict(batch_size=1, n_head=2, seg_len=32, keys=64, d_head=16, iters=2, warmup=1)
-TRITON_TILES = '64,16,4,2;32,32,4,2'   # rel_attention_triton.py's TILES for sm_90 and sm_80 (a test keeps them equal)
+TRITON_TILES = '64,64,4,2/64,16,4,2;32,32,4,2;64,16,4,2'   # rel_attention_triton.py's TILES for sm_90, sm_80 and sm_100
+                                                           # (a test keeps them equal)
 
 
 @dataclass
@@ -66,7 +67,8 @@ class AttnConfig:
     iters: int = 20                # timed repetitions: the median is reported
     warmup: int = 5                # untimed repetitions first (compilation happens here)
     compile: bool = True           # torch.compile einsum, sdpa and flex on a CUDA device (the CPU runs them eager)
-    triton_tiles: str = TRITON_TILES  # the triton path's block_q,block_k,num_warps[,num_stages], ';' between
+    triton_tiles: str = TRITON_TILES  # the triton path's tiles, ';' between: block_q,block_k,num_warps[,num_stages]
+                                      # for every kernel, or the forward's/the backward's
     quick: bool = False            # QUICK's tiny size and 2 iterations: does every path run?
     aot: bool = False              # no timing: ptxas's registers, spills and shared memory of each kernel (no GPU)
 
@@ -81,14 +83,31 @@ class AttnConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.keys < self.seg_len:
             raise ValueError(f"keys (memory + segment) must be >= seg_len ({self.seg_len}), got {self.keys}")
-        for tiles in self.triton_tiles.split(';'):
-            parts = tiles.split(',')
-            if len(parts) not in (3, 4) or not all(p.isdigit() for p in parts) \
-                    or any(int(p) & (int(p) - 1) for p in parts[:3]) or min(int(p) for p in parts[:2]) < 16:
+        for entry in self.triton_tiles.split(';'):
+            if parse_tiles(entry) is None:
                 raise ValueError(f"triton_tiles are block_q,block_k,num_warps[,num_stages] (powers of two but the "
-                                 f"stages, blocks >= 16), separated by ';', got {self.triton_tiles!r}")
+                                 f"stages, blocks >= 16), for every kernel or the forward's/the backward's, "
+                                 f"separated by ';', got {self.triton_tiles!r}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+
+
+def parse_tiles(entry):
+    """'64,64,4,2/64,16,4,2' (the forward's/the backward's) or '32,32,4' (both; num_stages 2 where left out) ->
+    rel_attention's tiles, ((block_q, block_k, num_warps, num_stages), (...)), or None if it is not that."""
+    tiles = []
+    for part in entry.split('/'):
+        numbers = part.split(',')
+        if len(numbers) not in (3, 4) or not all(n.isdigit() and int(n) > 0 for n in numbers) \
+                or any(int(n) & (int(n) - 1) for n in numbers[:3]) or min(int(n) for n in numbers[:2]) < 16:
+            return None
+        tiles.append(tuple(int(n) for n in numbers) + (2,) * (4 - len(numbers)))
+    return (tiles[0], tiles[0]) if len(tiles) == 1 else tuple(tiles) if len(tiles) == 2 else None
+
+
+def tiles_entry(tiles):
+    """parse_tiles' inverse: one block_q,block_k,num_warps,num_stages where the forward's are the backward's."""
+    return '/'.join(','.join(map(str, each)) for each in (tiles[:1] if tiles[0] == tiles[1] else tiles))
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -132,10 +151,9 @@ def flash_path(q, u, v_bias, k, v, r_k, mask, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.size(2), k.size(2)), scale=scale)
 
 
-def triton_path(rel_attention, block_q, block_k, num_warps, num_stages=None):
+def triton_path(rel_attention, tiles):
     def path(q, u, v_bias, k, v, r_k, mask, scale):
-        return rel_attention(q, u[:, 0], v_bias[:, 0], k, v, r_k, mask, scale, block_q, block_k, num_warps,
-                             num_stages)[0]
+        return rel_attention(q, u[:, 0], v_bias[:, 0], k, v, r_k, mask, scale, tiles)[0]
     return path
 
 
@@ -155,8 +173,8 @@ def build_paths(cfg, device_type, T, K):
         paths['flex'] = f"FlexAttention unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
     try:
         from rel_attention_triton import rel_attention
-        for tiles in cfg.triton_tiles.split(';'):
-            paths[f'triton_{tiles}'] = triton_path(rel_attention, *(int(t) for t in tiles.split(',')))
+        for entry in cfg.triton_tiles.split(';'):
+            paths[f'triton_{entry}'] = triton_path(rel_attention, parse_tiles(entry))
     except ImportError as e:
         paths['triton'] = f"triton unavailable: {e}"
     if device_type != 'cuda' and cfg.dtype != 'float32':
@@ -245,7 +263,7 @@ def run(cfg):
 # -----------------------------------------------------------------------------------------------------------
 # --aot: what ptxas makes of each kernel, without a GPU
 
-AOT_ARCHS = (90, 80, 100)   # Hopper, Ampere, Blackwell (Hopper's tiles: rel_attention_triton.tiles_for)
+AOT_ARCHS = (90, 80, 100)   # Hopper, Ampere, Blackwell (rel_attention_triton.tiles_for)
 AOT_TYPES = {'MASK_ptr': '*i1', 'LSE': '*fp32', 'DELTA': '*fp32', 'DR': '*fp32', 'G_KEYS': '*fp32', 'G_ROWS': '*fp32',
              'scale': 'fp32', 'B': 'i32',
              'stride_mb': 'i32', 'stride_mt': 'i32', 'H': 'i32', 'T': 'i32', 'K': 'i32', 'D': 'i32'}   # others: bf16
@@ -305,14 +323,14 @@ def aot(cfg):
     import rel_attention_triton as rel
     D = cfg.d_head
     for cc in AOT_ARCHS:
-        BQ, BK, num_warps, num_stages = rel.tiles_for(cc)
-        shapes = dict(BQ=BQ, BK=BK, S=BK, BD=max(16, 1 << (D - 1).bit_length()), PRECISION='tf32')
-        kernels = [('flash_yardstick', flash_yardstick.flash_forward_kernel, num_stages),
-                   ('forward', rel._forward_kernel, num_stages),
-                   ('backward_keys', rel._backward_keys_kernel, num_stages),
-                   ('backward_queries', rel._backward_queries_kernel, num_stages),
-                   ('backward_positions', rel._backward_positions_kernel, rel.POSITIONS_STAGES)]
-        for name, fn, stages in kernels:
+        forward, backward = rel.tiles_for(cc)
+        kernels = [('flash_yardstick', flash_yardstick.flash_forward_kernel, forward),
+                   ('forward', rel._forward_kernel, forward),
+                   ('backward_keys', rel._backward_keys_kernel, backward),
+                   ('backward_queries', rel._backward_queries_kernel, backward),
+                   ('backward_positions', rel._backward_positions_kernel, (*backward[:3], rel.POSITIONS_STAGES))]
+        for name, fn, (BQ, BK, num_warps, stages) in kernels:
+            shapes = dict(BQ=BQ, BK=BK, S=BK, BD=max(16, 1 << (D - 1).bit_length()), PRECISION='tf32')
             constexprs = {n: v for n, v in shapes.items() if n in fn.arg_names}
             line = dict(kernel=name, arch=f'sm_{cc}', tiles=f'{BQ},{BK},{num_warps},{stages}', D=D)
             print(json.dumps({**line, **ptxas_report(ptxas, fn, cc, constexprs, num_warps, stages)}), flush=True)

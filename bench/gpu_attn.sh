@@ -11,7 +11,7 @@
 #    against the float32 reference, forward, log-sum-exp and every gradient; each model's triton path against its
 #    einsum path in one bf16-autocast training step, XL's sdpa path too).
 # 3. Once the fill is done, the GPU to itself: bench/attn_kernels.py, one layer's attention on every path at B 8, H 16,
-#    T 512, K 1024, D 64, bf16, forward and forward + backward; the Triton kernel at the tiles it ships and at TILES.
+#    T 512, K 1024, D 64, bf16, forward and forward + backward; the Triton kernel at each entry of TILES.
 # 4. With the time left: XL compiled in bf16 at that size, sdpa against triton: tokens/s and MFU against a measured
 #    8192^3 bf16 product (bench/gpu_size.py --stage=time).
 # Each part has a time limit; the whole stops at DEADLINE seconds.
@@ -19,8 +19,9 @@ set -u
 OUT=${OUT:-out-gpu-attn}
 DRY_RUN=${DRY_RUN:-0}
 DEADLINE=${DEADLINE:-420}
-# block_q,block_k,num_warps,num_stages: TILES' (sm_90's and sm_80's) first, then others to choose from
-TILES=${TILES:-64,16,4,2;32,32,4,2;64,32,8,2;64,16,8,2;64,64,8,2;128,32,8,2}
+# block_q,block_k,num_warps,num_stages of every kernel, or the forward's/the backward's: TILES' (sm_90's, sm_80's,
+# sm_100's: the forward at 64 x 16, as sm_90's was until 2026-11-28) first, then others to choose from
+TILES=${TILES:-64,64,4,2/64,16,4,2;32,32,4,2;64,16,4,2;64,32,4,2/64,16,4,2;64,64,8,2/64,32,8,2;128,32,8,2}
 KERNELS=${KERNELS:-sdpa,triton}
 DEVICE=cuda SIZE=gpu BACKEND=inductor MODES=compile_bf16 ATTN_ARGS="--dtype=bfloat16" WARMUP=2 STEPS=5 PEAK=0
 if [ "$DRY_RUN" = 1 ]; then

@@ -76,6 +76,14 @@ def outputs_and_grads(fn, leaves, mask, scale, seed=1):
 NAMES = ['out', 'lse', 'd q', 'd u', 'd v (r_r_bias)', 'd k', 'd v', 'd r_k']
 
 
+def tiles(forward, backward=None):
+    """rel_attention's tiles from (block_q, block_k) of the forward and of the backward (4 warps, 2 stages)."""
+    return tuple((*blocks, 4, 2) for blocks in (forward, backward or forward))
+
+
+SMALL = tiles((16, 16))
+
+
 # -----------------------------------------------------------------------------------------------------------
 # 1. The kernel against the reference (interpreter, float32)
 
@@ -92,7 +100,7 @@ NAMES = ['out', 'lse', 'd q', 'd u', 'd v (r_r_bias)', 'd k', 'd v', 'd r_k']
 def test_kernel_equals_reference_forward_and_backward(B, H, T, M, D, mask_args):
     leaves = inputs(B, H, T, M, D)
     mask = attn_mask(B, T, M, **mask_args)
-    got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=16, block_k=16), leaves, mask, 0.3)
+    got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, tiles=SMALL), leaves, mask, 0.3)
     want = outputs_and_grads(reference, [x.double() for x in leaves], mask, 0.3)
     for name, a, b in zip(NAMES, got, want):
         assert a.dtype == torch.float32, name
@@ -100,17 +108,18 @@ def test_kernel_equals_reference_forward_and_backward(B, H, T, M, D, mask_args):
 
 
 @interpreted
-def test_kernel_tiles_are_not_square():
+@pytest.mark.parametrize('forward, backward', [((16, 32), None), ((32, 16), None), ((64, 16), None),
+                                               ((64, 64), (64, 16)), ((16, 64), (32, 32)), ((32, 128), (32, 32))])
+def test_kernel_tiles_are_not_square(forward, backward):
     """block_q != block_k: a band of block_q + block_k - 1 rows in 2, 3 or 5 pieces of block_k (the ∂r_k kernel at
-    square tiles of block_k)."""
+    square tiles of block_k); the forward at 64 or 128 keys: four blocks of 16 or 32 keys put side by side (T, K and
+    the mask's invalid keys cut across them), its tiles other than the backward's."""
     leaves = inputs(2, 2, 40, 24, 8)
     mask = attn_mask(2, 40, 24, key_valid_from=[7, 0])
     want = outputs_and_grads(reference, [x.double() for x in leaves], mask, 0.25)
-    for block_q, block_k in ((16, 32), (32, 16), (64, 16)):
-        got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=block_q, block_k=block_k), leaves, mask,
-                                0.25)
-        for name, a, b in zip(NAMES, got, want):
-            torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5, msg=f'{name} {block_q}x{block_k}')
+    got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, tiles=tiles(forward, backward)), leaves, mask, 0.25)
+    for name, a, b in zip(NAMES, got, want):
+        torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5, msg=name)
 
 
 @interpreted
@@ -118,7 +127,7 @@ def test_keys_in_a_querys_future_are_masked_whatever_the_mask_says():
     """Their (b)+(d) entries are the rel-shift's garbage: the kernel masks them itself (an all-True mask = causal)."""
     leaves = inputs(1, 2, 20, 6, 8)
     everything = torch.ones(1, 1, 20, 26, dtype=torch.bool)
-    got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=16, block_k=16), leaves, everything, 0.3)
+    got = outputs_and_grads(lambda *x: kernel.rel_attention(*x, tiles=SMALL), leaves, everything, 0.3)
     want = outputs_and_grads(reference, [x.double() for x in leaves], attn_mask(1, 20, 6), 0.3)
     for name, a, b in zip(NAMES, got, want):
         torch.testing.assert_close(a.double(), b, atol=1e-5, rtol=1e-5, msg=name)
@@ -129,7 +138,7 @@ def test_a_query_that_sees_no_key_gives_zero_and_finite_gradients():
     leaves = inputs(2, 1, 8, 4, 8)
     mask = attn_mask(2, 8, 4).clone()
     mask[1, :, 3] = False                                        # row 1's query 3 may see nothing
-    out, lse, *grads = outputs_and_grads(lambda *x: kernel.rel_attention(*x, block_q=16, block_k=16), leaves, mask,
+    out, lse, *grads = outputs_and_grads(lambda *x: kernel.rel_attention(*x, tiles=SMALL), leaves, mask,
                                          0.3)
     assert torch.equal(out[1, :, 3], torch.zeros_like(out[1, :, 3])) and torch.isneginf(lse[1, :, 3]).all()
     assert torch.isfinite(lse[0]).all() and all(torch.isfinite(g).all() for g in grads)
@@ -144,6 +153,10 @@ def test_bad_shapes_are_one_line_errors():
         kernel.rel_attention(q, u, vb, k, v, r_k[:, 1:], attn_mask(1, 8, 4), 0.3)
     with pytest.raises(ValueError, match='do not fit'):
         kernel.rel_attention(q, u[:, None], vb, k, v, r_k, attn_mask(1, 8, 4), 0.3)   # the model's u[:, None]
+    for bad in [(16, 16, 4, 2), tiles((16, 24)), tiles((8, 16)), ((16, 16, 3, 2), (16, 16, 4, 2)),
+                ((16, 16, 4, 0), (16, 16, 4, 2)), ((16, 16, 4), (16, 16, 4, 2)), tiles((16, 16)) * 2]:
+        with pytest.raises(ValueError, match='tiles are'):
+            kernel.rel_attention(q, u, vb, k, v, r_k, attn_mask(1, 8, 4), 0.3, tiles=bad)
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -334,7 +347,7 @@ def test_model_with_triton_kernel_trains_like_einsum_under_autocast(name):
 # 5. What ptxas makes of each kernel at the tiles it ships (no GPU: compiled ahead of time for sm_90, sm_80, sm_100)
 
 TARGETS = dict(sm_90=dict(smem=200 * 1024, regs={4: 168, 8: 128}), sm_80=dict(smem=100 * 1024, regs={}),
-               sm_100=dict(smem=200 * 1024, regs={}))       # Blackwell: sm_90's tiles, no register target
+               sm_100=dict(smem=200 * 1024, regs={}))       # Blackwell: no register target
 BUSY = dict(sm_90='wgmma ', sm_100='tcgen05.mma')            # the 64-row products of each, where there are any
 
 
@@ -384,7 +397,8 @@ def test_kernels_at_the_shipped_tiles_meet_the_targets(ptxas_lines):
     misses = set()
     for line in ptxas_lines:
         where = f"{line['kernel']} {line['arch']} tiles {line['tiles']}: {line}"
-        tiles = kernel.tiles_for(int(line['arch'][3:]))
+        forward, backward = kernel.tiles_for(int(line['arch'][3:]))
+        tiles = forward if line['kernel'] in ('flash_yardstick', 'forward') else backward
         if line['kernel'] == 'backward_positions':                 # one stage, whatever the others take
             tiles = (*tiles[:3], kernel.POSITIONS_STAGES)
         assert line['tiles'] == ','.join(map(str, tiles)) and line['regs'] > 0, where
@@ -418,18 +432,28 @@ def test_tensor_core_instructions_are_read_from_the_ptx():
 
 
 def test_bench_times_the_shipped_tiles():
-    """bench/attn_kernels.py's default --triton_tiles are TILES' (sm_90's, then sm_80's)."""
+    """bench/attn_kernels.py's default --triton_tiles are TILES' (sm_90's, sm_80's, sm_100's), and its entries read
+    back as rel_attention's tiles."""
     attn_kernels = bench_attn_kernels()
     if kernel is None:
         pytest.skip(NO_TRITON)
-    shipped = [','.join(map(str, kernel.tiles_for(cc))) for cc in attn_kernels.AOT_ARCHS]
+    shipped = [attn_kernels.tiles_entry(kernel.tiles_for(cc)) for cc in attn_kernels.AOT_ARCHS]
     assert attn_kernels.TRITON_TILES.split(';') == list(dict.fromkeys(shipped))
+    assert [attn_kernels.parse_tiles(e) for e in shipped] == [kernel.tiles_for(cc) for cc in attn_kernels.AOT_ARCHS]
+    assert attn_kernels.parse_tiles('32,64,8') == ((32, 64, 8, 2), (32, 64, 8, 2))
+    for bad in ('32,64', '32,48,4', '8,16,4', '32,32,4/', '16,16,4/16,16,4/16,16,4', '16,16,4,x'):
+        assert attn_kernels.parse_tiles(bad) is None, bad
+    import re
+    from pathlib import Path
+    script = (Path(__file__).resolve().parent.parent / 'bench' / 'gpu_attn.sh').read_text()
+    (entries,) = re.findall(r'^TILES=\$\{TILES:-(\S+)\}$', script, re.M)             # what gpu_attn.sh times
+    assert entries.split(';')[:3] == shipped and all(map(attn_kernels.parse_tiles, entries.split(';')))
 
 
 def test_each_gpu_gets_the_tiles_of_its_family():
-    """Hopper its own, the data-centre Blackwells (tcgen05) Hopper's, every other GPU sm_80's."""
+    """Hopper its own, the data-centre Blackwells (tcgen05) theirs, every other GPU sm_80's."""
     if kernel is None:
         pytest.skip(NO_TRITON)
     assert kernel.tiles_for(90) == kernel.TILES[90]
-    assert kernel.tiles_for(100) == kernel.tiles_for(103) == kernel.TILES[90]
+    assert kernel.tiles_for(100) == kernel.tiles_for(103) == kernel.TILES[100]
     assert all(kernel.tiles_for(cc) == kernel.TILES[80] for cc in (75, 80, 86, 89, 110, 120, 121))
