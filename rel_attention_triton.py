@@ -70,12 +70,12 @@ INTERPRETED = os.environ.get('TRITON_INTERPRET') == '1'   # read as triton.jit r
 # block_k, num_warps, num_stages), chosen with ptxas (bench/attn_kernels.py --aot; tests/test_rel_attention_triton.py
 # holds them to it; lab/LOG.md has the variants). sm_90: the forward at 64 x 64 over 4 warps (wgmma's 64 rows both
 # ways, the band in blocks of 16 keys: 166 registers; triton 3.6.0 makes 189 of it), the backward at 64 queries x 16
-# keys (at 64 x 64 the ∂q kernel needs 219 registers, and a plain flash attention's ∂k, ∂v kernel, with no
-# positional term at all, 200 at 4 warps and 174 at 8; the keys and ∂r_k kernels make ∂k, ∂v and ∂r_k with mma.sync,
-# 16 rows of keys). sm_100 and sm_103 (data-centre Blackwell): 64 x 16 both ways (tcgen05 in the forward and ∂q; the
-# 64 x 64 forward needs 255). sm_80 and every other GPU (sm_89, sm_120, ...): 32 x 32 over 4 warps, no spill on any.
-# 2 stages of prefetch, but for the ∂r_k kernel (square tiles of the backward's block_k, POSITIONS_STAGES: the
-# prefetch of its tiles made it spill). Not yet timed on a GPU.
+# keys (at 64 x 64 the backward kernels need 237-255 registers at 8 warps, and a plain flash attention's ∂k, ∂v
+# kernel, with no positional term at all, 200 at 4 warps and 159 at 8: bench/flash_yardstick.py; the keys and ∂r_k
+# kernels make ∂k, ∂v and ∂r_k with mma.sync, 16 rows of keys). sm_100 and sm_103 (data-centre Blackwell): 64 x 16
+# both ways (tcgen05 in the forward and ∂q; the 64 x 64 forward needs 255). sm_80 and every other GPU (sm_89, sm_120,
+# ...): 32 x 32 over 4 warps, no spill on any. 2 stages of prefetch, but for the ∂r_k kernel (square tiles of the
+# backward's block_k, POSITIONS_STAGES: the prefetch of its tiles made it spill). Not yet timed on a GPU.
 TILES = {90: ((64, 64, 4, 2), (64, 16, 4, 2)), 100: ((64, 16, 4, 2), (64, 16, 4, 2)),
          80: ((32, 32, 4, 2), (32, 32, 4, 2))}
 POSITIONS_STAGES = 1

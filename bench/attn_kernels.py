@@ -6,6 +6,7 @@ forward + backward, at the size people train (B 8, H 16, T 512, K = 1024 keys, d
     python bench/attn_kernels.py --device=cuda --paths=sdpa,triton --iters=50
     python bench/attn_kernels.py --device=cpu --dtype=float32 --quick=True   # a dry run (Triton interpreted)
     python bench/attn_kernels.py --aot=True                             # ptxas on each kernel, no GPU needed
+    python bench/attn_kernels.py --aot=True --aot_tiles='64,64,4,2'     # ... at other tiles than the shipped
 
 Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal mask with memory):
     einsum  the reference: (q+u)kᵀ + rel_shift((q+v) r_kᵀ), masked softmax, product with v (model_xl.py's einsum path)
@@ -21,12 +22,12 @@ positions, so not compared), or why it was skipped.
 --quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
 --aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90, sm_80 and sm_100 at the
-tiles it ships for each (its TILES: the forward's, the backward's; the ∂r_k kernel at its POSITIONS_STAGES), beside a
-plain causal flash forward at the forward's tiles (bench/flash_yardstick.py), and the ptxas in the triton wheel says
-what each costs: one JSON line per kernel and architecture with registers per thread, spilled bytes per thread
-(stores, loads), shared memory (Triton's allocation) and the tensor-core instructions of its PTX by shape (wgmma:
-sm_90's 64-row products; tcgen05.mma: sm_100's; mma.sync: 16 rows). The arguments are specialised as the JIT
-specialises them at the size above (every pointer 16-byte aligned, every integer a multiple of 16).
+tiles it ships for each (its TILES: the forward's, the backward's; the ∂r_k kernel at its POSITIONS_STAGES), or at
+--aot_tiles, beside a plain causal flash forward and its ∂k, ∂v kernel at the same tiles (bench/flash_yardstick.py), and
+the ptxas in the triton wheel says what each costs: one JSON line per kernel and architecture with registers per thread,
+spilled bytes per thread (stores, loads), shared memory (Triton's allocation) and the tensor-core instructions of its
+PTX by shape (wgmma: sm_90's 64-row products; tcgen05.mma: sm_100's; mma.sync: 16 rows). The arguments are specialised
+as the JIT specialises them at the size above (every pointer 16-byte aligned, every integer a multiple of 16).
 """
 
 import json
@@ -71,6 +72,7 @@ class AttnConfig:
                                       # for every kernel, or the forward's/the backward's
     quick: bool = False            # QUICK's tiny size and 2 iterations: does every path run?
     aot: bool = False              # no timing: ptxas's registers, spills and shared memory of each kernel (no GPU)
+    aot_tiles: str = ''            # --aot at these tiles (as triton_tiles) on every architecture instead of TILES'
 
     def __post_init__(self):
         if self.dtype not in ('bfloat16', 'float32'):
@@ -83,11 +85,11 @@ class AttnConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.keys < self.seg_len:
             raise ValueError(f"keys (memory + segment) must be >= seg_len ({self.seg_len}), got {self.keys}")
-        for entry in self.triton_tiles.split(';'):
+        for entry in self.triton_tiles.split(';') + (self.aot_tiles.split(';') if self.aot_tiles else []):
             if parse_tiles(entry) is None:
-                raise ValueError(f"triton_tiles are block_q,block_k,num_warps[,num_stages] (powers of two but the "
-                                 f"stages, blocks >= 16), for every kernel or the forward's/the backward's, "
-                                 f"separated by ';', got {self.triton_tiles!r}")
+                raise ValueError(f"triton_tiles and aot_tiles are block_q,block_k,num_warps[,num_stages] (powers of "
+                                 f"two but the stages, blocks >= 16), for every kernel or the forward's/the "
+                                 f"backward's, separated by ';', got {entry!r}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
 
@@ -313,27 +315,41 @@ def tensor_core_instructions(ptx):
     return dict(Counter(found + ['tcgen05.mma'] * len(re.findall(r'\btcgen05\.mma\.', ptx))))
 
 
+def aot_plan(cfg):
+    """What --aot compiles: (cc, kernel name, tiles) for each architecture, at TILES' (or at each --aot_tiles entry),
+    each yardstick beside the kernel it measures: the forward's tiles for the forward, the backward's for the rest (the
+    ∂r_k kernel with POSITIONS_STAGES)."""
+    import rel_attention_triton as rel
+    plan = []
+    for cc in AOT_ARCHS:
+        entries = [parse_tiles(e) for e in cfg.aot_tiles.split(';')] if cfg.aot_tiles else [rel.tiles_for(cc)]
+        for forward, backward in entries:
+            plan += [(cc, 'flash_yardstick', forward), (cc, 'forward', forward),
+                     (cc, 'flash_yardstick_keys', backward), (cc, 'backward_keys', backward),
+                     (cc, 'backward_queries', backward),
+                     (cc, 'backward_positions', (*backward[:3], rel.POSITIONS_STAGES))]
+    return plan
+
+
 def aot(cfg):
-    """One JSON line per kernel and architecture: the yardstick first, then rel_attention_triton.py's kernels."""
+    """One JSON line per kernel and architecture (aot_plan's order)."""
     ptxas, why = ptxas_path()
     if ptxas is None:
         print(json.dumps(dict(aot='skipped', reason=why)), flush=True)
         return
     import flash_yardstick
     import rel_attention_triton as rel
+    kernels = dict(flash_yardstick=flash_yardstick.flash_forward_kernel, forward=rel._forward_kernel,
+                   flash_yardstick_keys=flash_yardstick.flash_backward_keys_kernel,
+                   backward_keys=rel._backward_keys_kernel, backward_queries=rel._backward_queries_kernel,
+                   backward_positions=rel._backward_positions_kernel)
     D = cfg.d_head
-    for cc in AOT_ARCHS:
-        forward, backward = rel.tiles_for(cc)
-        kernels = [('flash_yardstick', flash_yardstick.flash_forward_kernel, forward),
-                   ('forward', rel._forward_kernel, forward),
-                   ('backward_keys', rel._backward_keys_kernel, backward),
-                   ('backward_queries', rel._backward_queries_kernel, backward),
-                   ('backward_positions', rel._backward_positions_kernel, (*backward[:3], rel.POSITIONS_STAGES))]
-        for name, fn, (BQ, BK, num_warps, stages) in kernels:
-            shapes = dict(BQ=BQ, BK=BK, S=BK, BD=max(16, 1 << (D - 1).bit_length()), PRECISION='tf32')
-            constexprs = {n: v for n, v in shapes.items() if n in fn.arg_names}
-            line = dict(kernel=name, arch=f'sm_{cc}', tiles=f'{BQ},{BK},{num_warps},{stages}', D=D)
-            print(json.dumps({**line, **ptxas_report(ptxas, fn, cc, constexprs, num_warps, stages)}), flush=True)
+    for cc, name, (BQ, BK, num_warps, stages) in aot_plan(cfg):
+        fn = kernels[name]
+        shapes = dict(BQ=BQ, BK=BK, S=BK, BD=max(16, 1 << (D - 1).bit_length()), PRECISION='tf32')
+        constexprs = {n: v for n, v in shapes.items() if n in fn.arg_names}
+        line = dict(kernel=name, arch=f'sm_{cc}', tiles=f'{BQ},{BK},{num_warps},{stages}', D=D)
+        print(json.dumps({**line, **ptxas_report(ptxas, fn, cc, constexprs, num_warps, stages)}), flush=True)
 
 
 def main(argv=None):
