@@ -19,7 +19,7 @@ Paths (the inputs are q, u, v, k, v, W_{k,R} R as a layer makes them; the causal
 One JSON line per path (triton: one per --triton_tiles entry, triton_<entry>): milliseconds (median over
 --iters after --warmup), and the largest difference of its output and its gradients from the einsum path's (flash: no
 positions, so not compared), or why it was skipped.
---quick: a tiny size and 2 iterations, to check that every path runs. --compile compiles einsum, sdpa and flex (the
+--quick: a tiny size and one iteration, no warm-up, to check that every path runs. --compile compiles einsum, sdpa and flex (the
 GPU timings of the models are compiled); triton is its own kernel and flash needs nothing.
 --aot: no timing. Every kernel of rel_attention_triton.py is compiled ahead of time for sm_90, sm_80 and sm_100 at the
 tiles it ships for each (its TILES: the forward's, the backward's; the ∂r_k kernel at its POSITIONS_STAGES), or at
@@ -50,7 +50,7 @@ import common  # noqa: E402
 from common import train  # noqa: E402
 
 PATHS = ('einsum', 'sdpa', 'flex', 'triton', 'flash')
-QUICK = dict(batch_size=1, n_head=2, seg_len=32, keys=64, d_head=16, iters=2, warmup=1)
+QUICK = dict(batch_size=1, n_head=2, seg_len=32, keys=64, d_head=16, iters=1, warmup=0)
 TRITON_TILES = '64,64,4,2/64,16,4,2;32,32,4,2;64,16,4,2'   # rel_attention_triton.py's TILES for sm_90, sm_80 and sm_100
                                                            # (a test keeps them equal)
 
@@ -70,7 +70,7 @@ class AttnConfig:
     compile: bool = True           # torch.compile einsum, sdpa and flex on a CUDA device (the CPU runs them eager)
     triton_tiles: str = TRITON_TILES  # the triton path's tiles, ';' between: block_q,block_k,num_warps[,num_stages]
                                       # for every kernel, or the forward's/the backward's
-    quick: bool = False            # QUICK's tiny size and 2 iterations: does every path run?
+    quick: bool = False            # QUICK's tiny size and one iteration: does every path run?
     aot: bool = False              # no timing: ptxas's registers, spills and shared memory of each kernel (no GPU)
     aot_tiles: str = ''            # --aot at these tiles (as triton_tiles) on every architecture instead of TILES'
 
