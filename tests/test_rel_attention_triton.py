@@ -393,15 +393,13 @@ def test_kernels_at_the_shipped_tiles_meet_the_targets(ptxas_lines):
     and sm_100, 100 KB on sm_80), but for KNOWN_MISSES. The yardstick (a plain flash forward at the same tiles) is
     measured beside them, and its ∂k, ∂v kernel (the keys kernel's tiles)."""
     attn_kernels = bench_attn_kernels()
-    assert len(ptxas_lines) == 6 * len(attn_kernels.AOT_ARCHS)
+    plan = attn_kernels.aot_plan(attn_kernels.AttnConfig(aot=True))   # each kernel at its TILES' (test above)
+    assert len(ptxas_lines) == len(plan) == 6 * len(attn_kernels.AOT_ARCHS)
     misses = set()
-    for line in ptxas_lines:
+    for line, (cc, name, tiles) in zip(ptxas_lines, plan):
         where = f"{line['kernel']} {line['arch']} tiles {line['tiles']}: {line}"
-        forward, backward = kernel.tiles_for(int(line['arch'][3:]))
-        tiles = forward if line['kernel'] in ('flash_yardstick', 'forward') else backward
-        if line['kernel'] == 'backward_positions':                 # one stage, whatever the others take
-            tiles = (*tiles[:3], kernel.POSITIONS_STAGES)
-        assert line['tiles'] == ','.join(map(str, tiles)) and line['regs'] > 0, where
+        assert (line['arch'], line['kernel'], line['tiles']) == (f'sm_{cc}', name, ','.join(map(str, tiles))), where
+        assert line['regs'] > 0, where
         assert line['tensor_cores'], where                         # every product on the tensor cores
         if line['arch'] in BUSY and line['kernel'] in ('flash_yardstick', 'forward', 'backward_queries'):
             # tensor cores busy: products with the tile's 64 rows of queries as wgmma's (tcgen05's) rows (the keys
