@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from configurator import UserError, available_models, import_model
+from configurator import UserError, available_models, import_model, renamed_fields
 
 CKPT_FORMAT = 'nanomem-checkpoint-1'
 MODEL_KEYS = ('model_name', 'model_config', 'model')                   # enough to rebuild the model (sample.py)
@@ -131,7 +131,8 @@ def save_checkpoint(state, path):
 
 def load_checkpoint(path, device='cpu', keys=MODEL_KEYS):
     """The checkpoint at path, with at least `keys`; anything else (not a file of ours, an older format, a part of
-    one, pickled objects that would run code) is a UserError."""
+    one, pickled objects that would run code) is a UserError. A model_config field renamed since it was written
+    (configurator.RENAMED_FLAGS) comes under its new name."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"no checkpoint at {path}")
@@ -154,6 +155,8 @@ def load_checkpoint(path, device='cpu', keys=MODEL_KEYS):
         redo = 'retrain with --model=lamemo' if config['lookahead'] else 'retrain'
         raise UserError(f"{path} was made by model_xl.py {made}, before LaMemo had its own file; {redo}, or load "
                         f"it with nanomem at commit {LAST_LAMEMO_IN_XL}")
+    if isinstance(config, dict):
+        ckpt['model_config'] = renamed_fields(config)             # written before a field was renamed
     return ckpt
 
 
@@ -233,14 +236,14 @@ class OutDir:
             self.close()
             raise UserError(f"another run is using --out_dir={path} (it holds {path / 'lock'}); wait for it to "
                             f"end, or choose another --out_dir") from None
-        for tmp in [*path.glob('ckpt.pt*.tmp'), *path.glob('best.pt*.tmp'), *path.glob('log.jsonl*.tmp')]:
+        for tmp in [*path.glob('ckpt*.pt*.tmp'), *path.glob('best.pt*.tmp'), *path.glob('log.jsonl*.tmp')]:
             tmp.unlink()                                               # left by a killed run (we hold the lock)
         found = [p for p in (path / 'ckpt.pt', path / 'best.pt') if p.exists()]
         if init_from == 'scratch' and found and not overwrite:
             self.close()
             raise UserError(f"{found[0]} exists: continue that run with --init_from=resume, or delete it and start "
                             f"over with --overwrite=True")
-        for p in found if init_from == 'scratch' else []:
+        for p in [*found, *path.glob('ckpt_*.pt')] if init_from == 'scratch' and found else []:
             p.unlink()                                                 # --overwrite=True: start over
 
     def close(self):

@@ -91,6 +91,7 @@ class TrainConfig:
     eval_only: bool = False            # evaluate the checkpoint in out_dir and exit
     eval_reset_memory: bool = False    # empty the memory before every eval segment (how much does it carry?)
     always_save_checkpoint: bool = True  # save at every eval, not only when the validation loss improves
+    keep_checkpoints: bool = False     # also keep every eval's checkpoint as ckpt_STEP.pt (loss against steps)
     log_interval: int = 10             # steps between log.jsonl lines
     # system
     device: str = 'auto'               # auto = cuda, then mps, then cpu
@@ -198,7 +199,7 @@ def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
     say = tqdm.write if run.master else (lambda *a, **k: None)  # prints above the progress bar
     log = JsonLog(out_dir / 'log.jsonl' if run.master else None, resume_step=state.step)
 
-    def save(is_best):
+    def save(is_best, keep=False):
         """Every rank gives its memories and RNG states; rank 0 writes. Non-finite weights are never saved."""
         if not all(torch.isfinite(p).all() for p in parts.raw_model.parameters()):
             raise UserError(f"the weights are not finite after step {state.step}: not saved. {last_good(state, cfg)}"
@@ -209,6 +210,8 @@ def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
             save_checkpoint(ckpt, out_dir / 'ckpt.pt')
             if is_best:
                 save_checkpoint(ckpt, out_dir / 'best.pt')
+            if keep:
+                save_checkpoint(ckpt, out_dir / f'ckpt_{state.step}.pt')
         on_rank0(run, write)
         state.saved_step = state.step
 
@@ -251,8 +254,8 @@ def fit(run, model_cfg, parts, loaders, evalset, state, tokenizer):
                                     f"{last_good(state, cfg)} (try a lower learning_rate or --dtype=float32)")
                 is_best = result['loss'] < state.best_val_loss
                 state.best_val_loss = min(state.best_val_loss, result['loss'])
-                if cfg.always_save_checkpoint or is_best:
-                    save(is_best)
+                if cfg.always_save_checkpoint or is_best or cfg.keep_checkpoints:
+                    save(is_best, keep=cfg.keep_checkpoints)
                 t0 = time.time()                                  # do not count eval time as training time
     finally:
         bar.close()

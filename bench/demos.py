@@ -104,6 +104,34 @@ BYTE_ABLATIONS = {'xl_nomem': ('xl', ['--eval_mem_len=0']),
 BYTE_BUCKETS = '128,256,640,2048,8192'
 
 
+# The code suite (--suite=code): does a memory read beyond its window where there is the most to copy? SymPy's source as
+# bytes (config/xl_code_demo.py: vocabulary 256, segment 128, 8 streams, 6,000 steps), read by copy distance (bench/
+# longdoc.py --position=copy: how far back the 6-gram ending at a byte last occurred in its file) and by position.
+# - baseline: no memory (a byte sees at most the 127 bytes before it);
+# - xl: the byte demos' memory of 128;
+# - xl_long: a memory of 512 (a layer reads 512..639 bytes back, 4 layers up to 4 x 512 + 127): the exact long
+#   memory every other memory is placed against.
+# --suite=code_tokens is the same question at the token demos' setting (config/xl_demo.py on data/sympy: GPT-2 BPE,
+# segment 64, 1,000 steps), where XL with 512 slots first came out worse than none (lab/LOG.md, 2026-12-01).
+_CODE = 'config/xl_code_demo.py'
+CODE_VARIANTS = {
+    'baseline': (_CODE, ['--mem_len=0', '--eval_mem_len=0']),
+    'xl': (_CODE, ['--mem_len=128', '--eval_mem_len=128']),
+    'xl_long': (_CODE, []),
+}
+CODE_ABLATIONS = {'xl_long_nomem': ('xl_long', ['--eval_mem_len=0']),
+                  'xl_long_at128': ('xl_long', ['--eval_mem_len=128'])}
+CODE_TOKEN_VARIANTS = {
+    'baseline': ('config/xl_demo.py', ['--dataset=sympy', '--mem_len=0', '--eval_mem_len=0']),
+    'xl': ('config/xl_demo.py', ['--dataset=sympy', '--mem_len=64', '--eval_mem_len=64']),
+    'xl_mem512': ('config/xl_demo.py', ['--dataset=sympy', '--mem_len=512', '--eval_mem_len=512']),
+}
+CODE_TOKEN_ABLATIONS = {'xl_mem512_nomem': ('xl_mem512', ['--eval_mem_len=0']),
+                        'xl_mem512_at64': ('xl_mem512', ['--eval_mem_len=64'])}
+# copy-distance buckets: inside the segment, then each doubling out to the long memory's reach and beyond
+CODE_COPY_BUCKETS = '128,256,512,1024,2048,4096'
+CODE_TOKEN_COPY_BUCKETS = '64,128,256,512,1024,4096'
+
 # The papers' recipe (--suite=gpt2): a pretrained LM gets a memory and is fine-tuned. GPT-2 alone is pretrained once
 # (config/gpt2_demo.py, in OUT_ROOT/pretrain), then every GPT-2 form starts from it (--init_from=gpt2:OUT_ROOT/pretrain)
 # and is fine-tuned with the same data, steps and learning rate (config/*_gpt2_demo.py, 300 steps at 5e-5):
@@ -139,6 +167,7 @@ class Suite:
     pretrain: str = ''           # a config trained once, first, into OUT_ROOT/pretrain: every variant starts from it
     evals: dict = None           # label -> (variant, train.py flags): the checkpoints evaluated otherwise (--eval_only)
     segment_buckets: str = ''    # also longdoc by position in the segment (--position=segment) with these buckets
+    copy_buckets: str = ''       # also longdoc by copy distance (--position=copy) with these buckets
 
 
 SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4096', 'out-demos', ''),
@@ -146,12 +175,16 @@ SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4
                          'out-demos-bytes', 'bytes'),
           'gpt2': Suite(GPT2_VARIANTS, (), {'gpt2_2x4': ('infini_linear', 'infini_delta')}, GPT2_ABLATIONS,
                         '64,256,1024,4096', 'out-demos-gpt2', 'gpt2', baseline='gpt2', pretrain='config/gpt2_demo.py',
-                        evals=GPT2_EVALS, segment_buckets='4,16,32')}
+                        evals=GPT2_EVALS, segment_buckets='4,16,32'),
+          'code': Suite(CODE_VARIANTS, (), {}, CODE_ABLATIONS, BYTE_BUCKETS, 'out-demos-code', 'code',
+                        copy_buckets=CODE_COPY_BUCKETS),
+          'code_tokens': Suite(CODE_TOKEN_VARIANTS, (), {}, CODE_TOKEN_ABLATIONS, '64,256,1024,4096',
+                               'out-demos-code-tokens', 'code_tokens', copy_buckets=CODE_TOKEN_COPY_BUCKETS)}
 
 
 @dataclasses.dataclass
 class DemosConfig:
-    suite: str = 'tokens'             # tokens (the GPT-2-token demos), bytes (BYTE_VARIANTS) or gpt2 (the recipe)
+    suite: str = 'tokens'             # tokens (the GPT-2-token demos), bytes, gpt2 (the recipe), code, code_tokens
     variants: str = ''                # labels of the suite, comma-separated ('' = all but the controls, 'all')
     seeds: str = '1,2,3'
     out_root: str = ''                # runs in OUT_ROOT/LABEL/seedS ('' = out-demos, out-demos-bytes)
@@ -394,6 +427,8 @@ def main(argv=None):
             if cfg.table.segment_buckets:                # the same tokens by their index in their segment
                 longdoc_to('_segment', groups.values(), *base, '--position=segment',
                            buckets=cfg.table.segment_buckets)
+            if cfg.table.copy_buckets:                   # the same tokens by how far back they could be copied from
+                longdoc_to('_copy', groups.values(), *base, '--position=copy', buckets=cfg.table.copy_buckets)
             for control, others in cfg.table.matched.items():   # the same comparison against a matched control
                 here = [groups[x] for x in (control, *others) if x in groups]
                 if control in groups and len(here) > 1:

@@ -100,6 +100,25 @@ def test_byte_suite(tmp_path):
         demos.selected(cfg(tmp_path, suite='bytes', variants='infini_linear'))
 
 
+def test_code_suites(tmp_path):
+    """--suite=code (bytes of SymPy's source) and code_tokens (the token demo on it): the same model and schedule for
+    every variant, only the memory differs; read by copy distance too (longdoc --position=copy)."""
+    for suite, variants, dataset, seg_len, steps, mems in (
+            ('code', demos.CODE_VARIANTS, 'sympy_bytes', 128, 6000, {'baseline': 0, 'xl': 128, 'xl_long': 512}),
+            ('code_tokens', demos.CODE_TOKEN_VARIANTS, 'sympy', 64, 1000, {'baseline': 0, 'xl': 64, 'xl_mem512': 512})):
+        c = demos.DemosConfig(suite=suite)
+        assert c.out_root == f"out-demos-{suite.replace('_', '-')}" and c.name == suite and c.table.copy_buckets
+        assert demos.selected(c) == list(mems)
+        parsed = {label: demos.train.parse_args([str(demos.common.REPO / config), *flags])
+                  for label, (config, flags) in variants.items()}
+        assert {(t.dataset, m.seg_len, m.n_layer, t.batch_size, t.max_iters) for t, _, m, _ in parsed.values()} == {
+            (dataset, seg_len, 4, 8, steps)}
+        assert {label: (m.mem_len, t.eval_mem_len) for label, (t, _, m, _) in parsed.items()} == {
+            label: (mem, mem) for label, mem in mems.items()}            # each evaluated with its own memory
+        for label, (variant, flags) in c.table.ablations.items():
+            assert variant in variants and flags[0].startswith('--eval_mem_len='), label
+
+
 def test_finished_runs_and_summary(tmp_path):
     c = cfg(tmp_path, overrides=' --max_iters=20')
     assert demos.max_iters(c, 'xl') == 20 and demos.max_iters(cfg(tmp_path), 'xl') == 1000

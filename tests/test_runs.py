@@ -80,6 +80,23 @@ def test_a_new_run_never_overwrites_a_checkpoint(data_dir, tmp_path, capsys):
     assert load(out_dir / 'ckpt.pt')['step'] == 1 and [r['step'] for r in read_log(out_dir)] == [1, 1]
 
 
+def test_keep_checkpoints_keeps_every_eval_and_overwrite_removes_them(data_dir, tmp_path):
+    """--keep_checkpoints=True: each evaluation's checkpoint stays as ckpt_STEP.pt (loss against steps), equal to the
+    ckpt.pt of a run stopped there; a run started over with --overwrite=True leaves none of the old ones."""
+    out_dir, short = tmp_path / 'out', tmp_path / 'short'
+    common = dict(eval_interval=2, eval_tokens=64, lr_decay_iters=4)
+    train.train(flags(data_dir, out_dir, max_iters=4, keep_checkpoints=True, **common))
+    assert sorted(p.name for p in out_dir.glob('ckpt*.pt')) == ['ckpt.pt', 'ckpt_2.pt', 'ckpt_4.pt']
+    train.train(flags(data_dir, short, max_iters=2, **common))
+    kept, stopped = load(out_dir / 'ckpt_2.pt'), load(short / 'ckpt.pt')
+    assert kept['step'] == 2
+    assert_identical(kept['model'], stopped['model'])
+    assert load(out_dir / 'ckpt_4.pt')['step'] == 4
+    assert not list(short.glob('ckpt_*.pt'))                          # off by default
+    train.train(flags(data_dir, out_dir, max_iters=1, overwrite=True))
+    assert sorted(p.name for p in out_dir.glob('ckpt*.pt')) == ['ckpt.pt']
+
+
 def test_a_second_live_run_in_the_same_out_dir_is_refused(data_dir, tmp_path, capsys):
     import fcntl
     out_dir = tmp_path / 'out'

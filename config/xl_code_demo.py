@@ -1,0 +1,30 @@
+"""CPU demo on code: a small Transformer-XL with a long memory (512 bytes) on the offline code corpus (SymPy's source
+as UTF-8 bytes, data/sympy/prepare.py), the setting bench/demos.py --suite=code calibrates memories at: 4 layers,
+segments of 128 bytes, 6,000 steps of 1,024 bytes. ~40 min on one CPU thread (mem_len=0: ~20 min).
+
+    python data/sympy/prepare.py --tokenizer=bytes
+    python train.py config/xl_code_demo.py                              # XL long
+    python train.py config/xl_code_demo.py --mem_len=0 --eval_mem_len=0 --out_dir=out-code-nomem   # no memory
+    python sample.py --out_dir=out-xl-code-demo --start="def " --max_new_tokens=300
+"""
+model = 'xl'
+dataset = 'sympy_bytes'
+out_dir = 'out-xl-code-demo'
+n_layer = 4
+n_head = 4
+n_embd = 128
+d_head = 32
+d_inner = 512
+dropout = 0.1
+seg_len = 128
+mem_len = 512
+batch_size = 8
+learning_rate = 2e-3
+warmup_iters = 100
+max_iters = 6000
+eval_interval = 1500
+eval_tokens = 65536
+eval_batch_size = 8
+eval_mem_len = 512
+grad_clip = 0.25
+log_interval = 10
