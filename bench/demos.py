@@ -25,6 +25,13 @@ and with one of 512, read by position in bytes (BYTE_BUCKETS); the Compressive T
 512 memory with 320 slots (128 + 2 x 192) when named. Runs in OUT_ROOT = out-demos-bytes, results named
 demos_bytes*; a longer budget is --overrides=' --max_iters=4500 --eval_interval=1500' with its own --out_root
 and --name.
+
+--suite=code runs the code comparison (does an exact long memory read beyond its window where most can be copied?):
+config/xl_code_demo.py (SymPy's source as bytes, data/sympy/prepare.py --tokenizer=bytes; segment 128, 6,000 steps)
+without memory, with 128 and with 512 slots, read by position and by copy distance (longdoc --position=copy,
+CODE_COPY_BUCKETS); --suite=code_tokens the token demo (config/xl_demo.py) on the same code. Runs in
+out-demos-code[-tokens]; add --overrides=' --keep_checkpoints=True' to keep every evaluation's checkpoint (loss
+against steps: bench/longdoc.py --ckpt=ckpt_STEP.pt).
 """
 
 import concurrent.futures
@@ -128,9 +135,12 @@ CODE_TOKEN_VARIANTS = {
 }
 CODE_TOKEN_ABLATIONS = {'xl_mem512_nomem': ('xl_mem512', ['--eval_mem_len=0']),
                         'xl_mem512_at64': ('xl_mem512', ['--eval_mem_len=64'])}
-# copy-distance buckets: inside the segment, then each doubling out to the long memory's reach and beyond
-CODE_COPY_BUCKETS = '128,256,512,1024,2048,4096'
-CODE_TOKEN_COPY_BUCKETS = '64,128,256,512,1024,4096'
+# copy-distance buckets (longdoc_demos_NAME{key}.json: buckets): by bytes as BYTE_BUCKETS ([1,128) inside the segment,
+# [128,256) within xl's window, [256,640) within xl_long's one-layer window, [640,2048) its four layers' reach); and
+# the calibration's one bucket: [128,640), beyond the segment and within xl_long's window, where an exact long memory
+# must show it reads (README, "Memory on code"). Tokens: each doubling, as first measured.
+CODE_COPY_BUCKETS = {'_copy': BYTE_BUCKETS, '_copy_reach': '128,640,2048,8192'}
+CODE_TOKEN_COPY_BUCKETS = {'_copy': '64,128,256,512,1024,4096', '_copy_reach': '64,576,2112'}
 
 # The papers' recipe (--suite=gpt2): a pretrained LM gets a memory and is fine-tuned. GPT-2 alone is pretrained once
 # (config/gpt2_demo.py, in OUT_ROOT/pretrain), then every GPT-2 form starts from it (--init_from=gpt2:OUT_ROOT/pretrain)
@@ -167,7 +177,7 @@ class Suite:
     pretrain: str = ''           # a config trained once, first, into OUT_ROOT/pretrain: every variant starts from it
     evals: dict = None           # label -> (variant, train.py flags): the checkpoints evaluated otherwise (--eval_only)
     segment_buckets: str = ''    # also longdoc by position in the segment (--position=segment) with these buckets
-    copy_buckets: str = ''       # also longdoc by copy distance (--position=copy) with these buckets
+    copy_buckets: dict = None    # also longdoc by copy distance (--position=copy): JSON name -> buckets
 
 
 SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4096', 'out-demos', ''),
@@ -427,8 +437,8 @@ def main(argv=None):
             if cfg.table.segment_buckets:                # the same tokens by their index in their segment
                 longdoc_to('_segment', groups.values(), *base, '--position=segment',
                            buckets=cfg.table.segment_buckets)
-            if cfg.table.copy_buckets:                   # the same tokens by how far back they could be copied from
-                longdoc_to('_copy', groups.values(), *base, '--position=copy', buckets=cfg.table.copy_buckets)
+            for name, buckets in (cfg.table.copy_buckets or {}).items():   # by how far back they could be copied from
+                longdoc_to(name, groups.values(), *base, '--position=copy', buckets=buckets)
             for control, others in cfg.table.matched.items():   # the same comparison against a matched control
                 here = [groups[x] for x in (control, *others) if x in groups]
                 if control in groups and len(here) > 1:
