@@ -1,6 +1,7 @@
 """
 Loss by position in the document: does a model's memory make the later tokens of a long document
-cheaper than the early ones, and by how much more than a model without memory? For any checkpoints, in one command:
+cheaper than the early ones, and by how much more than a model without memory? (Or by copy distance: how far back
+the token could have been copied from, --position=copy below.) For any checkpoints, in one command:
 
     python bench/longdoc.py --runs=xl:out-xl-s1,out-xl-s2,out-xl-s3 --runs=baseline:out-base-s1,out-base-s2 \\
         --baseline=baseline --split=validation
@@ -26,12 +27,25 @@ segments k, 2k, ... of every document, as train.py's reset_every does in trainin
 inputs of k segments); -1 takes each run's own training value.
 --reuse=EARLIER.json adds the labels of an earlier result of this script to the comparison, from the per-document
 sums it kept (doc_nll_sums): checkpoints that are gone can still be compared with, as long as the same documents are
-read into the same buckets (checked against its doc_tokens, doc_bytes and bucket_edges).
+read into the same buckets (checked against its doc_tokens, doc_bytes, bucket_edges, position and copy_ngram).
 
 Buckets of position (--buckets=64,256,1024,4096 -> [0,64) [64,256) [256,1024) [1024,4096) [4096,end)). Per run,
 per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all documents; and where
 meta.json names the tokenizer, bits per character (bpc; bits per byte, bpb, on GPT-2 tokens): total bits / total
-bytes of text the predicted tokens spell (end-of-document tokens spell 0 bytes).
+bytes of text the predicted tokens spell (end-of-document tokens spell 0 bytes); share: the bucket's fraction of
+all predicted tokens. --position=segment buckets by the index in its segment of the input that predicts the token.
+
+Loss by copy distance (--position=copy). What a long memory can buy is concentrated on the tokens that could be
+copied from far back in the document (rare names, repeated phrases: Memorizing Transformers, Wu et al. 2022; Sun et
+al. 2021, "Do long-range language models actually use long-range context?"), which position buckets dilute among
+all the others. So the predicted token p is bucketed by d(p): how far back the n-gram ending at p (tokens p-n+1 ...
+p) last occurred in the same document, d = p - q for the largest q < p (q >= n - 1: the earlier n-gram lies wholly
+in the document) with tokens q-n+1 ... q the same. A model that sees that far back could copy token p from q: it
+follows an earlier occurrence of p's (n-1)-token context. Only the document's own earlier text counts (the memory is
+emptied at each document start). Tokens whose n-gram never occurred before (or p < n - 1) are the last bucket,
+'first'. --copy_ngram=n, 0 = by meta.json's tokenizer: 2 (a bigram) on GPT-2 tokens (and on data naming none), 6 on
+bytes and characters. Buckets [1,e1) [e1,e2) ... [e_last,end) and first; --buckets left at its default reads as
+64,128,256,512,1024,4096 here. The per-token NLLs are those of the cache below (nothing is read again).
 
 Standard errors. The tokens of one document are correlated (same text, same author, same names), so the token
 count overstates the information: the standard error is taken across documents. The bucket mean is a ratio,
@@ -59,7 +73,8 @@ Output: the tables (printed), bench/results/longdoc[_NAME].json (--name; --out o
 and per label the bucket rows and the per-document sums (so other statistics can be computed), runs, data and
 files named by paths relative to the repository (common.write_json), and a plot (.png next to the JSON): the
 loss against log position (bucket midpoints, error bars: se across documents), and each label's difference to the
-baseline (error bars: se_total).
+baseline (error bars: se_total); by copy distance, against log distance, the 'first' bucket a point of its own to
+the right of the line.
 
 Caveat: the sticky ∞-former (sticky=True) draws its memory's sample points from per-row random numbers, so its
 per-document numbers depend on which row read the document (every other model's do not: tests/test_longdoc.py).
@@ -83,6 +98,8 @@ import common  # noqa: E402
 from common import train  # noqa: E402
 
 SPLITS = ('train', 'validation', 'test')
+COPY_BUCKETS = '64,128,256,512,1024,4096'   # the bucket edges by copy distance where --buckets is left at its default
+COPY_NGRAM = {'gpt2': 2, 'bytes': 6, 'chars': 6}   # --copy_ngram=0: n by the data's tokenizer (none named: GPT-2's)
 
 
 @dataclass
@@ -92,9 +109,12 @@ class LongDocConfig:
     ckpt: str = 'ckpt.pt'             # the checkpoint file inside an out_dir
     split: str = 'validation'         # validation, test, or validation,test (the documents of both)
     data_dir: str = ''                # '' = the data the checkpoints were trained on
-    buckets: str = '64,256,1024,4096'  # bucket edges of the position in the document
-    position: str = 'document'        # what the buckets count: the position in the document, or (segment) the index
-                                      # of the predicted token's input in its segment, 0 ... seg_len - 1
+    buckets: str = '64,256,1024,4096'  # bucket edges of the position in the document (by copy distance, this
+                                      # default reads as COPY_BUCKETS)
+    position: str = 'document'        # what the buckets count: the position in the document, (segment) the index
+                                      # of the predicted token's input in its segment, 0 ... seg_len - 1, or (copy)
+                                      # the copy distance, plus a last bucket 'first' (see the docstring)
+    copy_ngram: int = 0               # --position=copy: n of the n-grams; 0 = by the tokenizer (GPT-2 2, bytes 6)
     max_tokens_per_doc: int = 0       # read only the first N tokens of every document; 0 = the whole document
     max_docs: int = 0                 # only the first N documents of the split(s); 0 = all
     batch_size: int = 8               # documents read in parallel (rows)
@@ -122,13 +142,20 @@ class LongDocConfig:
             raise ValueError(f"eval_mem_len must be >= 0 (or -1 for mem_len), got {self.eval_mem_len}")
         if self.reset_every < -1:
             raise ValueError(f"reset_every must be >= 0 (or -1 for the run's training value), got {self.reset_every}")
-        if self.position not in ('document', 'segment'):
-            raise ValueError(f"position must be document or segment, got {self.position!r}")
+        if self.position not in ('document', 'segment', 'copy'):
+            raise ValueError(f"position must be document, segment or copy, got {self.position!r}")
+        if self.copy_ngram < 0:
+            raise ValueError(f"copy_ngram must be >= 1 (or 0 for the tokenizer's default), got {self.copy_ngram}")
         if self.dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         for s in self.split.split(','):
             if s not in SPLITS:
                 raise ValueError(f"split must be validation, test (or train), comma-separated, got {self.split!r}")
+
+    def bucket_edges(self):
+        """The bucket edges: --buckets, or COPY_BUCKETS by copy distance where --buckets is left at its default."""
+        default = self.buckets == LongDocConfig.buckets and self.position == 'copy'
+        return parse_buckets(COPY_BUCKETS if default else self.buckets)
 
     def out_path(self):
         if self.out:
@@ -181,9 +208,11 @@ def parse_buckets(value):
     return edges
 
 
-def bucket_names(edges):
-    bounds = [0] + list(edges)
-    return [f'[{a},{b})' for a, b in zip(bounds, bounds[1:])] + [f'[{bounds[-1]},end)']
+def bucket_names(edges, position='document'):
+    """By position [0,e1) ... [e_last,end); by copy distance [1,e1) ... [e_last,end) and 'first'."""
+    bounds = [1 if position == 'copy' else 0] + list(edges)
+    return ([f'[{a},{b})' for a, b in zip(bounds, bounds[1:])] + [f'[{bounds[-1]},end)']
+            + (['first'] if position == 'copy' else []))
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -341,19 +370,60 @@ def document_nll(model, docs_tokens, seg_len, batch_size, device, ctx=None, prog
 
 
 # -----------------------------------------------------------------------------------------------------------
+# Copy distance
+
+
+def copy_distances(tokens, n):
+    """How far back each predicted token of a document could be copied from: d[p - 1] for p = 1 ... len - 1 is
+    p - q for the largest q < p, q >= n - 1, with tokens[q-n+1 ... q] == tokens[p-n+1 ... p] (the n-gram ending at
+    p occurred before, ending at q); 0 where it did not (its first occurrence, or p < n - 1).
+    Vectorised and exact (no hashing): every k-gram gets an id, k = 1 ... n, by np.unique on the pairs (id of the
+    (k-1)-gram starting at j, token j + k - 1); a stable sort by id lists each n-gram's occurrences in order of
+    position, and the previous occurrence of one is its predecessor there. tokens: int array -> int64 array of
+    max(0, len - 1) distances."""
+    if n < 1:
+        raise ValueError(f"copy_distances: n must be >= 1, got {n}")
+    tokens = np.asarray(tokens, dtype=np.int64)
+    L = len(tokens)
+    d = np.zeros(max(0, L - 1), dtype=np.int64)
+    if L - n + 1 < 2:                       # fewer than two n-grams: nothing occurs twice
+        return d
+    _, tok = np.unique(tokens, return_inverse=True)
+    tok = tok.reshape(-1).astype(np.int64)
+    ids, U = tok, int(tok.max()) + 1
+    for k in range(2, n + 1):               # ids[j]: the (k-1)-gram starting at j -> the k-gram starting at j
+        _, ids = np.unique(ids[:L - k + 1] * U + tok[k - 1:], return_inverse=True)    # < L^2: fits int64
+        ids = ids.reshape(-1)
+    order = np.argsort(ids, kind='stable')  # n-gram starts j, grouped by n-gram, ascending within one
+    same = ids[order[1:]] == ids[order[:-1]]
+    later, earlier = order[1:][same], order[:-1][same]
+    d[later + n - 2] = later - earlier      # the n-gram starting at j ends at p = j + n - 1: d[p - 1]
+    return d
+
+
+def copy_ngram(n, tokenizer):
+    """--copy_ngram: n itself, or for 0 the n of the data's tokenizer (meta.json's, as Docs.tokenizer holds it)."""
+    return n or COPY_NGRAM.get((tokenizer or {}).get('tokenizer', 'gpt2'), 2)
+
+
+# -----------------------------------------------------------------------------------------------------------
 # Statistics
 
 
-def bucket_sums(nlls, docs_tokens, edges, byte_lengths=None, seg_len=0):
+def bucket_sums(nlls, docs_tokens, edges, byte_lengths=None, seg_len=0, distances=None):
     """Per document and bucket: summed NLL, token count, byte count. -> three (D, K) float64 arrays (K = buckets)
     seg_len > 0: bucket by the index in its segment of the input that predicts the token, (p - 1) mod seg_len (every
-    document starts a segment), instead of the position p in the document."""
-    K = len(edges) + 1
+    document starts a segment), instead of the position p in the document. distances (per document, its
+    copy_distances): bucket by copy distance, [1,e1) ... [e_last,end), and a last bucket of first occurrences (0)."""
+    K = len(edges) + (2 if distances is not None else 1)
     S, N, Y = (np.zeros((len(nlls), K)) for _ in range(3))
     for d, (nll, tokens) in enumerate(zip(nlls, docs_tokens)):
         pos = np.arange(1, len(nll) + 1)
         pos = (pos - 1) % seg_len if seg_len else pos
         k = np.searchsorted(edges, pos, side='right')
+        if distances is not None:
+            dist = distances[d][:len(nll)]
+            k = np.where(dist > 0, np.searchsorted(edges, dist, side='right'), K - 1)
         S[d] = np.bincount(k, weights=nll, minlength=K)
         N[d] = np.bincount(k, minlength=K)
         if byte_lengths is not None:
@@ -401,6 +471,7 @@ def summarize_label(sums, unit):
             row[key + '_seed_std'] = std([p[k] for p in per_seed])
     for k, row in enumerate(rows):
         row['tokens'], row['documents'] = int(N[:, k].sum()), int(present[:, k].sum())
+        row['share'] = row['tokens'] / N.sum() if N.sum() else None          # of all predicted tokens
     return rows, S
 
 
@@ -429,12 +500,15 @@ def difference(label_S, base_S, N, Y, label_rows, base_rows, n_label, n_base, un
 
 def midpoints(edges, max_position, position='document'):
     """Geometric midpoints of the buckets' positions (the first starts at 1, the last ends at the largest
-    position read), for the log-position plot; by position in the segment, the middle index of each bucket."""
+    position read), for the log-position plot; by position in the segment, the middle index of each bucket; by copy
+    distance (at most the largest position), as by position, and 'first' at twice the end of the last bucket (where
+    the plot draws it)."""
     if position == 'segment':
         bounds = [0] + list(edges) + [max_position + 1]
         return [(a + b - 1) / 2 for a, b in zip(bounds, bounds[1:])]
     bounds = [1] + list(edges) + [max_position + 1]
-    return [math.sqrt(max(a, 1) * max(b, a + 1)) for a, b in zip(bounds, bounds[1:])]
+    mids = [math.sqrt(max(a, 1) * max(b, a + 1)) for a, b in zip(bounds, bounds[1:])]
+    return mids + ([2.0 * max(bounds[-1], bounds[-2] + 1)] if position == 'copy' else [])
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -450,7 +524,8 @@ def tables(result):
     labels = result['labels']
     head = lambda first: [f"| {first} | seeds | " + ' | '.join(names) + ' |', '|---|---|' + '---|' * len(names)]
     counts = next(iter(labels.values()))['buckets']
-    count_row = ('| tokens (documents) | | ' + ' | '.join(f"{r['tokens']:,} ({r['documents']})" for r in counts)
+    count_row = ('| tokens (documents; share) | | '
+                 + ' | '.join(f"{r['tokens']:,} ({r['documents']}; {fmt(r.get('share'), '.1%')})" for r in counts)
                  + ' |')
     out = []
     for key, title in [('nll', 'mean NLL per token (nats)')] + ([(unit, unit)] if unit else []):
@@ -476,26 +551,38 @@ def plot_result(result, path):
     import plot
     plt = plot._plt()
     x, baseline = result['midpoints'], result['baseline']
-    by_segment = result['config'].get('position') == 'segment'
-    where, scale = ('index in the segment', 'linear') if by_segment else ('position in the document', 'log')
+    position = result['config'].get('position', 'document')
+    by_segment, by_copy = position == 'segment', position == 'copy'
+    where, scale = {'segment': ('index in the segment', 'linear'), 'copy': ('copy distance (tokens)', 'log')}.get(
+        position, ('position in the document', 'log'))
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     n = len(result['labels'])
     for i, (label, lab) in enumerate(result['labels'].items()):
         rows = lab['buckets']
         keep = [k for k, r in enumerate(rows) if r['nll'] is not None]
-        dodge = [x[k] * 1.04 ** (i - (n - 1) / 2) if not by_segment else x[k] + 0.3 * (i - (n - 1) / 2)
-                 for k in keep]                                     # side by side, so the error bars show
-        a.errorbar(dodge, [rows[k]['nll'] for k in keep],
-                   yerr=[rows[k]['nll_se'] or 0 for k in keep], marker='o', capsize=3, label=label)
-        b.errorbar(dodge, [rows[k]['diff_nll'] for k in keep],
-                   yerr=[rows[k]['diff_nll_se_total'] or 0 for k in keep], marker='o', capsize=3, label=label)
+        dodge = {k: x[k] * 1.04 ** (i - (n - 1) / 2) if not by_segment else x[k] + 0.3 * (i - (n - 1) / 2)
+                 for k in keep}                                     # side by side, so the error bars show
+        for ax, key, se in ((a, 'nll', 'nll_se'), (b, 'diff_nll', 'diff_nll_se_total')):
+            line = [k for k in keep if not (by_copy and k == len(rows) - 1)]       # 'first': a point of its own
+            drawn = ax.errorbar([dodge[k] for k in line], [rows[k][key] for k in line],
+                                yerr=[rows[k][se] or 0 for k in line], marker='o', capsize=3, label=label)
+            if by_copy and len(rows) - 1 in keep:
+                k = len(rows) - 1
+                ax.errorbar([dodge[k]], [rows[k][key]], yerr=[rows[k][se] or 0], marker='s', capsize=3, ls='none',
+                            color=drawn[0].get_color())
+    kind = 'copy distance' if by_copy else 'position'
     a.set(xscale=scale, xlabel=f'{where} (bucket midpoint)', ylabel='NLL per token (nats)',
-          title=f"loss by position ({result['split']}, {len(result['documents'])} documents)")
+          title=f"loss by {kind} ({result['split']}, {len(result['documents'])} documents)")
     b.axhline(0, color='grey', lw=0.8)
     b.set(xscale=scale, xlabel=f'{where} (bucket midpoint)', ylabel=f'NLL − {baseline} (nats)',
           title=f'difference to {baseline} (± s.e., documents and seeds)')
     for ax in (a, b):
         ax.legend()
+        if by_copy:                                 # ticks at the bucket edges, and 'first' where its point is
+            ticks = [1] + list(result['bucket_edges'])
+            ax.set_xticks(ticks + [x[-1]], [f'{t:,}' for t in ticks] + ['first'])
+            ax.set_xticks([], minor=True)
+            ax.axvline(math.sqrt(x[-1] * x[-2]), color='grey', lw=0.8, ls=':')
     plot._save(fig, path)
 
 
@@ -518,8 +605,8 @@ def clean(value):
 def evaluate(cfg, labels, device, device_type, dtype):
     """Read every run. -> (docs, edges, {run: dict(label, model, step, sums (S, N, Y))})"""
     from tqdm import tqdm
-    edges = parse_buckets(cfg.buckets)
-    docs, first, runs = None, None, {}
+    edges = cfg.bucket_edges()
+    docs, first, runs, distances = None, None, {}, None
     for label, paths in labels.items():
         for run in paths:
             path = checkpoint_path(run, cfg.ckpt)
@@ -546,14 +633,18 @@ def evaluate(cfg, labels, device, device_type, dtype):
             if cfg.position == 'segment' and edges and edges[-1] >= config.seg_len:
                 raise train.UserError(f"--buckets={cfg.buckets}: by position in the segment every edge must be below "
                                       f"seg_len ({config.seg_len} in {path})")
+            if cfg.position == 'copy' and distances is None:     # once: every run reads the same documents
+                n = copy_ngram(cfg.copy_ngram, docs.tokenizer)
+                distances = [copy_distances(t, n) for t in docs.tokens]
             sums = bucket_sums(nlls, docs.tokens, edges, docs.byte_lengths,
-                               config.seg_len if cfg.position == 'segment' else 0)
+                               config.seg_len if cfg.position == 'segment' else 0, distances)
             runs[run] = dict(label=label, checkpoint=str(path), model=ckpt['model_name'], step=ckpt.get('step'),
                              seg_len=config.seg_len, mem_len=getattr(config, 'mem_len', None),
                              reset_every=reset_every, sums=sums)
             S, N, _ = sums
             print(f"{label} {run}: " + ', '.join(f"{name} {s / n:.4f}" for name, s, n in
-                                                 zip(bucket_names(edges), S.sum(0), N.sum(0)) if n), flush=True)
+                                                 zip(bucket_names(edges, cfg.position), S.sum(0), N.sum(0)) if n),
+                  flush=True)
             del model
     return docs, edges, runs
 
@@ -604,15 +695,19 @@ def read_reused(path, labels):
     return old
 
 
-def add_reused(path, old, labels, runs, edges):
+def add_reused(path, old, labels, runs, edges, position='document', ngram=None):
     """Add the labels of an earlier result to labels and runs, each run's sums rebuilt from its doc_nll_sums and the
-    token and byte counts of this reading, which must be the earlier one's (same documents, same buckets)."""
+    token and byte counts of this reading, which must be the earlier one's (same documents, same buckets: edges,
+    position or copy distance, and its n-grams)."""
     _, N, Y = next(iter(runs.values()))['sums']
     same_bytes = old.get('doc_bytes') is None or np.array_equal(np.asarray(old['doc_bytes']), Y)
+    old_position = old.get('position', (old.get('config') or {}).get('position', 'document'))
     if list(old['bucket_edges']) != list(edges) or not np.array_equal(np.asarray(old['doc_tokens']), N) \
-            or not same_bytes:
-        raise train.UserError(f"--reuse={path} read other documents or buckets (its bucket edges "
-                              f"{old['bucket_edges']}; pass the same --split, --buckets and --max_* flags)")
+            or not same_bytes or (old_position, old.get('copy_ngram')) != (position, ngram):
+        by = f"copy distance of {old.get('copy_ngram')}-grams" if old_position == 'copy' else old_position
+        raise train.UserError(f"--reuse={path} read other documents or buckets (by {by}, its bucket edges "
+                              f"{old['bucket_edges']}; pass the same --split, --position, --copy_ngram, --buckets "
+                              f"and --max_* flags)")
     for label, lab in old['labels'].items():
         labels[label] = lab['runs']
         for run in lab['runs']:
@@ -621,9 +716,14 @@ def add_reused(path, old, labels, runs, edges):
                          'sums': (np.asarray(info['doc_nll_sums'], dtype=np.float64), N, Y)}
 
 
+def result_ngram(cfg, docs):
+    """The n of the copy distance's n-grams (None unless --position=copy)."""
+    return copy_ngram(cfg.copy_ngram, docs.tokenizer) if cfg.position == 'copy' else None
+
+
 def build_result(cfg, labels, docs, edges, runs):
     baseline = cfg.baseline or next(iter(labels))
-    unit = docs.unit
+    unit, names = docs.unit, bucket_names(edges, cfg.position)
     _, N, Y = next(iter(runs.values()))['sums']
     summaries = {}
     for label, paths in labels.items():
@@ -635,21 +735,21 @@ def build_result(cfg, labels, docs, edges, runs):
         diffs = difference(S, base_S, N, Y, rows, base_rows, n, n_base, unit)
         out_labels[label] = {'runs': labels[label],
                              'buckets': [{'bucket': name, **r, **d} for name, r, d in
-                                         zip(bucket_names(edges), rows, diffs)]}
+                                         zip(names, rows, diffs)]}
     out_runs = {}
     for run, info in runs.items():
         S = info['sums'][0]
         rows, _ = summarize_label([info['sums']], unit)
         out_runs[run] = {**{k: v for k, v in info.items() if k != 'sums'},
                          'buckets': [{'bucket': name, **{k: v for k, v in r.items() if not k.endswith('seed_std')}}
-                                     for name, r in zip(bucket_names(edges), rows)],
+                                     for name, r in zip(names, rows)],
                          'doc_nll_sums': S.tolist()}
     max_position = max(len(t) for t in docs.tokens) - 1
     if cfg.position == 'segment':
         max_position = max(info.get('seg_len') or 0 for info in runs.values()) - 1
     return {'config': dataclasses.asdict(cfg), 'data_dir': str(docs.data_dir), 'split': docs.split, 'unit': unit,
-            'baseline': baseline, 'bucket_edges': edges, 'bucket_names': bucket_names(edges),
-            'midpoints': midpoints(edges, max_position, cfg.position),
+            'baseline': baseline, 'position': cfg.position, 'copy_ngram': result_ngram(cfg, docs),
+            'bucket_edges': edges, 'bucket_names': names, 'midpoints': midpoints(edges, max_position, cfg.position),
             'documents': [{'split': s, 'index': i, 'start': a, 'length': n, 'read': len(t)}
                           for (s, i, a, n), t in zip(docs.sources, docs.tokens)],
             'doc_tokens': N.tolist(), 'doc_bytes': Y.tolist() if unit else None,
@@ -664,16 +764,17 @@ def main(argv=None):
         known = list(labels) + list(reused.get('labels', {}))
         if cfg.baseline and cfg.baseline not in known:
             raise train.UserError(f"--baseline={cfg.baseline} is not a label of --runs or --reuse ({', '.join(known)})")
-        parse_buckets(cfg.buckets)
+        cfg.bucket_edges()
         device, device_type = common.setup(cfg.device)
         dtype = train.resolve_dtype(cfg.dtype, device_type)
         docs, edges, runs = evaluate(cfg, labels, device, device_type, dtype)
         if reused:
-            add_reused(cfg.reuse, reused, labels, runs, edges)
+            add_reused(cfg.reuse, reused, labels, runs, edges, cfg.position, result_ngram(cfg, docs))
         result = clean(build_result(cfg, labels, docs, edges, runs))
         n_pred = sum(max(0, len(t) - 1) for t in docs.tokens)
         print(f"\n{docs.split} of {docs.data_dir}: {len(docs.tokens)} documents, {n_pred:,} predicted tokens, "
-              f"device {device} {dtype}")
+              f"device {device} {dtype}" + (f"; by copy distance of {result['copy_ngram']}-grams"
+                                            if cfg.position == 'copy' else ''))
         print(tables(result))
         out = cfg.out_path()
         common.write_json(out, result, 'bench/longdoc.py', argv)

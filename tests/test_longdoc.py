@@ -7,6 +7,7 @@ trained by train.py; bad input is a one-line error.
 """
 
 import dataclasses
+import importlib.util
 import json
 import math
 import sys
@@ -201,6 +202,77 @@ def test_seeds_are_averaged_and_differences_are_paired_by_document():
     assert diff[0]['diff_nll_se_total'] == pytest.approx(seed_se)
 
 
+# -----------------------------------------------------------------------------------------------------------
+# Copy distance
+
+
+def brute_copy_distances(tokens, n):
+    """d(p) by its definition: p - q for the largest q < p (q >= n - 1) with the same n tokens ending at q."""
+    tokens, out = list(tokens), []
+    for p in range(1, len(tokens)):
+        out.append(next((p - q for q in range(p - 1, n - 2, -1) if p >= n - 1
+                         and tokens[q - n + 1:q + 1] == tokens[p - n + 1:p + 1]), 0))
+    return np.array(out, dtype=np.int64)
+
+
+def test_copy_distances_are_the_brute_force_ones():
+    """Small vocabularies (many repeats), n from 1 to beyond the document; empty and one-token documents."""
+    rng = np.random.default_rng(0)
+    for length in (0, 1, 2, 3, 7, 40, 90):
+        for vocab in (2, 3, 11):
+            t = rng.integers(0, vocab, length)
+            for n in (1, 2, 3, 6, length, length + 5):
+                if n >= 1:
+                    got = longdoc.copy_distances(t, n)
+                    assert got.dtype == np.int64 and got.shape == (max(0, length - 1),)
+                    np.testing.assert_array_equal(got, brute_copy_distances(t, n), err_msg=f"{length} {vocab} {n}")
+    np.testing.assert_array_equal(longdoc.copy_distances([5, 5, 5, 7, 5, 5], 1), [1, 1, 0, 2, 1])
+    np.testing.assert_array_equal(longdoc.copy_distances([5, 5, 5, 7, 5, 5], 2), [0, 1, 0, 0, 3])
+    assert longdoc.copy_ngram(0, {'tokenizer': 'bytes'}) == longdoc.copy_ngram(0, {'tokenizer': 'chars'}) == 6
+    assert longdoc.copy_ngram(0, {'tokenizer': 'gpt2'}) == longdoc.copy_ngram(0, None) == 2
+    assert longdoc.copy_ngram(3, {'tokenizer': 'bytes'}) == 3
+
+
+@pytest.mark.parametrize('n', [1, 2, 6])
+def test_a_repeated_block_is_copied_from_its_distance(n):
+    """A block of distinct tokens, repeated D tokens later: every token of the second copy but its first n - 1 has
+    d = D (the n-gram ending there is whole in the copy, and its one earlier occurrence is D back); every token of
+    the first copy is a first occurrence (its tokens occur nowhere before)."""
+    rng = np.random.default_rng(n)
+    block = rng.permutation(3000)[:700]                     # distinct tokens
+    a, b = rng.integers(3000, 3010, 50), rng.integers(3000, 3010, 1300)
+    b[-1] = a[-1] + 1 if a[-1] < 3009 else 3000                      # the copies follow different tokens
+    tokens = np.concatenate([a, block, b, block, rng.integers(3000, 3010, 30)])
+    s1, s2 = len(a), len(a) + len(block) + len(b)
+    D = s2 - s1
+    d = longdoc.copy_distances(tokens, n)
+    dist = lambda p0, p1: d[p0 - 1:p1 - 1]                           # d(p) for positions p0 ... p1 - 1
+    assert (dist(s2 + n - 1, s2 + len(block)) == D).all()
+    assert (dist(s2, s2 + n - 1) != D).all()                        # these n-grams start in b: not a copy of a's
+    assert (dist(s1, s1 + len(block)) == 0).all()
+
+
+def test_bucket_sums_by_copy_distance_are_the_brute_force_ones():
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, 4, n) for n in (1, 2, 30, 61, 9)]
+    nlls = [rng.random(max(0, len(t) - 1)) for t in docs]
+    byte_lengths = np.array([0, 1, 2, 3])
+    edges = [2, 5, 10]                                              # [1,2) [2,5) [5,10) [10,end) first
+    S, N, Y = longdoc.bucket_sums(nlls, docs, edges, byte_lengths,
+                                  distances=[longdoc.copy_distances(t, 3) for t in docs])
+    want = np.zeros((3, len(docs), 5))
+    for i, (t, nll) in enumerate(zip(docs, nlls)):
+        for p, (dist, x) in enumerate(zip(brute_copy_distances(t, 3), nll), start=1):
+            k = 4 if dist == 0 else sum(dist >= e for e in edges)
+            want[:, i, k] += [x, 1, byte_lengths[t[p]]]
+    for got, w in zip((S, N, Y), want):
+        np.testing.assert_allclose(got, w)
+    assert N[2:].sum() == 60 + 29 + 8 and N[:, 4].sum() > 0 and N[:, :4].sum() > 0
+    assert longdoc.bucket_names(edges, 'copy') == ['[1,2)', '[2,5)', '[5,10)', '[10,end)', 'first']
+    assert longdoc.midpoints(edges, 60, 'copy') == pytest.approx([math.sqrt(2), math.sqrt(10), math.sqrt(50),
+                                                                  math.sqrt(610), 122])
+
+
 def test_runs_flags_are_gathered_and_labelled():
     argv = longdoc.gather_runs_flags(['--runs=xl:a,b', '--split=test', '--runs=base:c', '--runs=out/d'])
     assert argv == ['--split=test', '--runs=xl:a,b;base:c;out/d']
@@ -293,6 +365,44 @@ def test_by_position_in_the_segment_reads_the_same_tokens(runs, tmp_path):
     assert by_seg['midpoints'] == [0, seg_len / 2]
     with pytest.raises(SystemExit):
         longdoc.main(common + ['--position=segment', f'--buckets={seg_len}', f'--out={tmp_path / "x.json"}'])
+
+
+def test_by_copy_distance_reads_the_same_tokens(runs, tmp_path, capsys):
+    """--position=copy buckets the cached per-token NLLs by copy distance (6-grams on bytes), plus 'first'; the
+    buckets hold every predicted token once; --reuse checks the position and n-grams."""
+    data, out = runs
+    common = [f"--runs=xl:{out['xl'][0]}", f"--runs=base:{out['base'][0]}", '--device=cpu', '--baseline=base']
+    longdoc.main(common + ['--plot=False', f'--out={tmp_path / "d.json"}'])
+    capsys.readouterr()
+    path = tmp_path / 'c.json'
+    longdoc.main(common + ['--position=copy', '--buckets=8,32,64', f'--out={path}'])
+    printed = capsys.readouterr().out
+    by_doc, by_copy = json.loads((tmp_path / 'd.json').read_text()), json.loads(path.read_text())
+    assert 'cached' in printed and '6-grams' in printed and 'first' in printed
+    assert by_copy['bucket_names'] == ['[1,8)', '[8,32)', '[32,64)', '[64,end)', 'first']
+    assert by_copy['copy_ngram'] == 6 and by_copy['position'] == 'copy' and len(by_copy['midpoints']) == 5
+    buckets = by_copy['labels']['xl']['buckets']
+    docs = longdoc.read_docs(data, 'validation')
+    d = np.concatenate([longdoc.copy_distances(t, 6) for t in docs.tokens])
+    lengths = [len(t.encode()) + 1 for t in HELD_OUT]
+    assert sum(b['tokens'] for b in buckets) == len(d) == sum(n - 1 for n in lengths)
+    assert [b['tokens'] for b in buckets] == [((d >= a) & (d < b)).sum() for a, b in
+                                              ((1, 8), (8, 32), (32, 64), (64, 10 ** 9))] + [(d == 0).sum()]
+    assert buckets[2]['tokens'] >= 35 - 5                        # TEXT[5:40] twice: a copy at distance 35
+    assert sum(b['share'] for b in buckets) == pytest.approx(1)
+    total = lambda r: sum(b['nll'] * b['tokens'] for b in r['labels']['xl']['buckets'] if b['tokens'])
+    assert total(by_copy) == pytest.approx(total(by_doc))
+    if importlib.util.find_spec('matplotlib'):
+        assert path.with_suffix('.png').stat().st_size > 1000
+    longdoc.main([common[1], '--device=cpu', '--position=copy', '--buckets=8,32,64', '--plot=False',
+                  f'--out={tmp_path / "base.json"}'])
+    flags = [common[0], '--device=cpu', '--baseline=base', f'--reuse={tmp_path / "base.json"}', '--plot=False',
+             f'--out={tmp_path / "x.json"}']
+    longdoc.main(flags + ['--position=copy', '--buckets=8,32,64'])
+    reused = json.loads((tmp_path / 'x.json').read_text())['labels']['xl']['buckets']
+    assert [b['diff_nll'] for b in reused] == pytest.approx([b['diff_nll'] for b in buckets])
+    for other in (['--position=copy', '--buckets=8,32,64', '--copy_ngram=2'], ['--buckets=8,32,64']):
+        assert 'other documents or buckets' in error_of(capsys, flags + other)
 
 
 def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_path, capsys):
@@ -393,6 +503,9 @@ def test_bad_input_is_a_one_line_error(runs, tmp_path, capsys):
              ([f'--runs=a:{run}', f'--runs=b:{run}'], 'given twice'),
              (['--split=dev'], 'split'),
              ([f'--runs={run}', '--reset_every=-2'], 'reset_every'),
+             ([f'--runs={run}', '--copy_ngram=-1'], 'copy_ngram'),
+             ([f'--runs={run}', '--position=copy', '--buckets=64,64'], '--buckets'),
+             ([f'--runs={run}', '--position=distance'], 'position'),
              ([], '--runs is required')]
     for argv, fragment in cases:
         assert fragment in error_of(capsys, argv + ['--device=cpu', '--plot=False', f'--out={tmp_path / "x.json"}'])
