@@ -1,14 +1,17 @@
-# nanomem: `make demo` on a fresh machine (no internet needed beyond the package index), `make test` for the suite.
+# nanomem: `make demo` on a fresh machine (no internet needed beyond the package indexes), `make test` for the suite.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip install --quiet --disable-pip-version-check
 
 .PHONY: install install-test data demo test fix-copies clean
 
-# torch: keep an installed one; otherwise the CPU wheel where there is no GPU (a plain `pip install torch`
-# pulls a multi-GB CUDA build), and the default CUDA build where nvidia-smi sees a GPU.
+# torch: keep an installed one; otherwise the default (CUDA) build where nvidia-smi sees a GPU, and where it sees
+# none the CPU wheel (~190 MB) from TORCH_INDEX, PyTorch's CPU index: from PyPI alone, Linux gets the CUDA build and
+# several GB of nvidia-* wheels. TORCH_INDEX= (empty): pip's own index, for one that serves the CPU wheel itself.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || { \
-	  if nvidia-smi -L >/dev/null 2>&1; then $(PIP) torch; else $(PIP) torch==2.13.0; fi; }
+	  if nvidia-smi -L >/dev/null 2>&1; then $(PIP) torch; \
+	  else $(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); fi; }
 	@$(PIP) -r requirements.txt
 
 # triton: a CUDA torch brings its own; on a CPU machine the tests run rel_attention_triton.py's kernels under

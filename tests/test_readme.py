@@ -1,0 +1,267 @@
+"""
+The README's headline numbers against bench/results: every cell of its two results tables (the CPU demos and "Start
+from GPT-2"), each validation loss mean ± std and each Δ ± s.e., rounded as printed, and the prose's mean ± std
+figures; a perturbed README fails. Also the install's torch index (the Makefile's TORCH_INDEX, .ci/run's override)
+and the README's size. Pure Python: reads README.md and the JSONs, no torch.
+"""
+
+import json
+import re
+import shutil
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / 'bench' / 'results'
+README_MAX_BYTES = 15 * 1024
+
+# the demos table: row label -> bench/demos.py's variant (demos.json's run, longdoc_demos.json's label)
+DEMOS_ROWS = {
+    'no memory (XL, mem 0)': 'baseline',
+    'Transformer-XL, mem 64': 'xl',
+    'LaMemo, mem 64': 'lamemo',
+    'Compressive, mem 64 + 32 compressed at c = 2': 'compressive',
+    'control: Compressive, no compressed memory': 'compressive_no_cmem',
+    'Infini-attention, linear, as its paper trains': 'infini_linear',
+    'Infini-attention, delta, as its paper trains': 'infini_delta',
+    '∞-former, STM 64 + LTM of 150 RBFs': 'infformer',
+    '∞-former, sticky memories': 'infformer_sticky',
+    'control: no memory, fed as Infini (2 × 4 segments)': 'baseline_2x4',
+    'control: Infini linear, 8 streams, no BPTT': 'infini_linear_bptt1',
+}
+# "Start from GPT-2": row label -> bench/demos.py --suite=gpt2's variant
+GPT2_ROWS = {
+    'GPT-2 alone (the control)': 'gpt2',
+    '∞-former, N = 64, threshold 512': 'infformer',
+    '∞-former, sticky memories': 'infformer_sticky',
+    'Compressive, 64 slots at c = 2': 'compressive',
+    'Infini-attention, linear (2 × 4 segments, BPTT)': 'infini_linear',
+    'Infini-attention, delta': 'infini_delta',
+    'control: GPT-2 alone fed as Infini': 'gpt2_2x4',
+}
+
+
+@lru_cache(maxsize=None)
+def load(name):
+    return json.loads((RESULTS / name).read_text())
+
+
+def number(text):
+    """A printed number as Python reads it: '−0.028' -> '-0.028', '+0.225' -> '0.225'."""
+    return text.strip().replace('−', '-').lstrip('+')
+
+
+def decimals(text):
+    return len(number(text).partition('.')[2])
+
+
+def same(printed, value):
+    """Whether `value` rounds to `printed` at the decimals printed ('0' for an exact zero)."""
+    p = number(printed)
+    if p == '0':
+        return value == 0
+    got = f'{value:.{decimals(p)}f}'
+    return got == p or (float(got) == 0 and float(p) == 0)
+
+
+def pm(cell):
+    """'5.423 ± 0.017' -> ('5.423', '0.017'); a bare number -> (it, None)."""
+    a, _, b = cell.partition('±')
+    return a.strip(), (b.strip() or None)
+
+
+def table(text, first_header):
+    """The markdown table whose header row starts with `first_header`: (header cells, [row cells])."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(f'| {first_header} |')), None)
+    if start is None:
+        return None, []
+    def cells(line):
+        return [c.strip() for c in line.strip().strip('|').split('|')]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith('|'):
+            break
+        rows.append(cells(line))
+    return cells(lines[start]), rows
+
+
+def bucket(header):
+    """'Δ at [1k,4k) tokens, mem 64' -> '[1024,4096)'; '... [4k,end)' -> '[4096,end)'."""
+    m = re.search(r'\[(\d+)k,(\d+k|end)\)', header)
+    assert m, header
+    end = m.group(2)
+    return f'[{int(m.group(1)) * 1024},{end if end == "end" else int(end[:-1]) * 1024})'
+
+
+def diff(longdoc, label, name):
+    rows = [b for b in longdoc['labels'][label]['buckets'] if b['bucket'] == name]
+    assert rows, (label, name)
+    return rows[0]['diff_nll'], rows[0]['diff_nll_se_total']
+
+
+def check_cell(errors, where, cell, mean, std=None):
+    value, spread = pm(cell)
+    if not same(value, mean):
+        errors.append(f'{where}: {cell!r}, the JSON has {mean:.6f}')
+    if std is not None and spread is not None and not same(spread, std):
+        errors.append(f'{where}: {cell!r}, the JSON has ± {std:.6f}')
+    if std is not None and spread is None and number(value) != '0':
+        errors.append(f'{where}: {cell!r} has no ± (the JSON: {std:.6f})')
+
+
+def demos_mismatches(text):
+    errors = []
+    header, rows = table(text, 'model (its demo config)')
+    if header is None:
+        return ['the demos table (header "| model (its demo config) |") is not in the README']
+    runs, longdoc = load('demos.json')['runs'], load('longdoc_demos.json')
+    base = runs['baseline']['mean']
+    seen = set()
+    for cells in rows:
+        label = cells[0]
+        if label not in DEMOS_ROWS:
+            errors.append(f'demos table: row {label!r} is not in tests/test_readme.py DEMOS_ROWS')
+            continue
+        key = DEMOS_ROWS[label]
+        seen.add(label)
+        run = runs[key]
+        for head, cell in zip(header[1:], cells[1:]):
+            where = f'demos table, {label!r}, {head!r}'
+            if head.startswith('validation loss'):
+                check_cell(errors, where, cell, run['mean'], run['std'])
+            elif head == '− baseline':
+                check_cell(errors, where, cell, run['mean'] - base)
+            elif head.startswith('Δ'):
+                check_cell(errors, where, cell, *diff(longdoc, key, bucket(head)))
+            else:
+                errors.append(f'demos table: column {head!r} has no check')
+    errors += [f'demos table: row {label!r} is missing' for label in DEMOS_ROWS if label not in seen]
+    return errors
+
+
+def gpt2_mismatches(text):
+    errors = []
+    header, rows = table(text, 'fine-tuned from the pretrained GPT-2')
+    if header is None:
+        return ['the "Start from GPT-2" table is not in the README']
+    result = load('demos_gpt2.json')
+    runs, evals = result['runs'], result['evals']
+    base = runs['gpt2']['mean']
+    along, segment = load('longdoc_demos_gpt2.json'), load('longdoc_demos_gpt2_segment.json')
+    seen = set()
+    for cells in rows:
+        label = cells[0]
+        if label not in GPT2_ROWS:
+            errors.append(f'GPT-2 table: row {label!r} is not in tests/test_readme.py GPT2_ROWS')
+            continue
+        key = GPT2_ROWS[label]
+        seen.add(label)
+        for head, cell in zip(header[1:], cells[1:]):
+            where = f'GPT-2 table, {label!r}, {head!r}'
+            if head == 'validation loss':
+                check_cell(errors, where, cell, runs[key]['mean'], runs[key]['std'])
+            elif head == '− GPT-2 alone':
+                check_cell(errors, where, cell, runs[key]['mean'] - base)
+            elif head == 'memory emptied':
+                emptied = evals.get(f'{key}_emptied')
+                if emptied is None:
+                    if cell:
+                        errors.append(f'{where}: {cell!r}, the JSON has no emptied evaluation')
+                else:
+                    check_cell(errors, where, cell, emptied['mean'], emptied['std'])
+            elif head == 'Δ, segment start':
+                check_cell(errors, where, cell, *diff(segment, key, '[0,4)'))
+            elif head.startswith('Δ, ['):
+                check_cell(errors, where, cell, *diff(along, key, bucket(head)))
+            else:
+                errors.append(f'GPT-2 table: column {head!r} has no check')
+    errors += [f'GPT-2 table: row {label!r} is missing' for label in GPT2_ROWS if label not in seen]
+    m = re.search(r'the pretrained model: \*\*(\d\.\d+)\*\*', text)
+    pretrained = result['pretrained']['validation/loss']
+    if m is None:
+        errors.append('the pretrained model\'s loss ("the pretrained model: **x**") is not in the README')
+    elif not same(m.group(1), pretrained):
+        errors.append(f'the pretrained model: {m.group(1)}, the JSON has {pretrained:.6f}')
+    return errors
+
+
+def prose_mismatches(text):
+    """Each 'x.xxxx ± y.yyyy' of the demos' prose (outside tables) is some demos.json run's mean ± std."""
+    section = text.partition('## Results:')[2].partition('\n## ')[0]
+    prose = '\n'.join(line for line in section.splitlines() if not line.startswith('|'))
+    runs = load('demos.json')['runs'].values()
+    errors = []
+    for mean, std in re.findall(r'(\d\.\d{4}) ± (\d\.\d{4})', prose):
+        if not any(same(mean, r['mean']) and same(std, r['std']) for r in runs):
+            errors.append(f'demos prose: {mean} ± {std} is no run of demos.json')
+    return errors
+
+
+def mismatches(text):
+    return demos_mismatches(text) + gpt2_mismatches(text) + prose_mismatches(text)
+
+
+README = (ROOT / 'README.md').read_text()
+
+
+def test_readme_tables_match_results():
+    errors = mismatches(README)
+    assert not errors, '\n'.join(errors)
+
+
+def test_readme_tables_are_read():
+    """The parser reads every row of both tables (a table it missed would check nothing)."""
+    assert len(table(README, 'model (its demo config)')[1]) == len(DEMOS_ROWS)
+    assert len(table(README, 'fine-tuned from the pretrained GPT-2')[1]) == len(GPT2_ROWS)
+
+
+def perturb(old, new):
+    assert README.count(old) == 1, old
+    return README.replace(old, new)
+
+
+@pytest.mark.parametrize('old,new', [
+    ('| Transformer-XL, mem 64 | 5.423 ± 0.017 |', '| Transformer-XL, mem 64 | 5.424 ± 0.017 |'),       # a mean
+    ('| LaMemo, mem 64 | 5.445 ± 0.008 |', '| LaMemo, mem 64 | 5.445 ± 0.009 |'),                       # a std
+    ('| −0.007 | −0.019 ± 0.012 |', '| −0.007 | −0.018 ± 0.012 |'),                                    # a Δ
+    ('| +0.133 ± 0.027 |', '| +0.133 ± 0.028 |'),                                                       # its s.e.
+    ('| +0.225 |', '| −0.225 |'),                                                                       # a sign
+    ('| 5.5598 ± 0.0003 | −0.0095 |', '| 5.5598 ± 0.0003 | −0.0096 |'),                                # − GPT-2 alone
+    ('| 5.5891 ± 0.0021 |', '| 5.5892 ± 0.0021 |'),                                                     # emptied
+    ('| −0.135 ± 0.010 |', '| −0.135 ± 0.011 |'),                                                       # segment start
+    ('the pretrained model: **5.5612**', 'the pretrained model: **5.5613**'),
+    ('(5.4229 ± 0.0168)', '(5.4229 ± 0.0167)'),                                                         # the prose
+    ('| control: Compressive, no compressed memory | 5.423 ± 0.017 | −0.029 | −0.041 ± 0.011 | −0.041 ± 0.013 |\n',
+     ''),                                                                                               # a row gone
+])
+def test_perturbed_readme_fails(old, new):
+    assert mismatches(perturb(old, new))
+
+
+def test_rounding():
+    assert same('−0.028', -0.02829) and not same('−0.028', -0.0285001) and same('+0.225', 0.2246)
+    assert same('0', 0.0) and not same('0', 1e-9) and same('−0.000', 0.0001)
+    assert bucket('Δ at [1k,4k) tokens, mem 64') == '[1024,4096)' and bucket('Δ, [4k,end)') == '[4096,end)'
+
+
+def test_readme_size():
+    size = len(README.encode())
+    assert size <= README_MAX_BYTES, f'README.md is {size} bytes, over {README_MAX_BYTES}: move text to lab/LOG.md'
+
+
+@pytest.mark.skipif(shutil.which('make') is None, reason='no make')
+def test_torch_index():
+    """Without a GPU, `make install` takes torch from PyTorch's CPU index (PyPI's Linux torch is the CUDA build);
+    TORCH_INDEX= (as .ci/run, whose machine serves the CPU wheel itself) takes pip's own index."""
+    def dry(*args):
+        cmd = ['make', '-n', '-s', 'install', 'PYTHON=python3', *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout
+    assert '--index-url https://download.pytorch.org/whl/cpu' in dry()
+    assert '--index-url' not in dry('TORCH_INDEX=') and 'torch==2.13.0' in dry('TORCH_INDEX=')
+    ci = (ROOT / '.ci' / 'run').read_text()
+    override = re.search(r'(?m)^export TORCH_INDEX=$', ci)
+    assert override and override.start() < ci.index('\nmake install-test')
