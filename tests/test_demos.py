@@ -171,6 +171,23 @@ def test_end_to_end(tmp_path, capsys):
     assert 'runs,' not in capsys.readouterr().out                      # nothing left to train
 
 
+def test_code_suite_end_to_end(tmp_path):
+    """--suite=code on a toy byte corpus: tiny runs, then longdoc by position and by copy distance (both bucket
+    sets), with the first occurrences as a bucket of their own and every predicted token in one bucket."""
+    data = dataset(tmp_path / 'data', bytes_tokenizer())
+    demos.main(['--suite=code', '--variants=baseline,xl_long', '--seeds=1', f'--out_root={tmp_path / "runs"}',
+                '--jobs=2', f'--overrides={TINY} --data_dir={data}', f'--results={tmp_path}', '--split=validation'])
+    by_position = json.loads((tmp_path / 'longdoc_demos_code.json').read_text())
+    predicted = sum(b['tokens'] for b in by_position['labels']['baseline']['buckets'])
+    for name, edges in demos.CODE_COPY_BUCKETS.items():
+        result = json.loads((tmp_path / f'longdoc_demos_code{name}.json').read_text())
+        assert result['position'] == 'copy' and result['copy_ngram'] == 6 and list(result['labels']) == [
+            'baseline', 'xl_long'] and result['bucket_edges'] == [int(e) for e in edges.split(',')]
+        buckets = result['labels']['xl_long']['buckets']
+        assert buckets[-1]['bucket'] == 'first' and sum(b['tokens'] for b in buckets) == predicted
+    assert (tmp_path / 'longdoc_demos_code_xl_long_nomem.json').exists()
+
+
 def test_matched_control(tmp_path):
     """Infini's demo reads 2 streams x 4 segments a step: it is also compared with the baseline fed the same way."""
     data = dataset(tmp_path / 'data', bytes_tokenizer())
