@@ -6,9 +6,10 @@ Flags and config files for train.py, sample.py and bench/ (nanoGPT's configurato
 Every flag is `--name=value` and names a field of the script's dataclass or of the chosen model's Config
 (model_<name>.py); a `config/*.py` argument is a file of `name = literal` lines, parsed with ast, never executed.
 Values are converted to the field's type (a float must be finite). Anything else (an unknown or mistyped flag, a
-wrong type, a value the dataclass's __post_init__ refuses) raises UserError, which run_cli prints as one
-`error: ...` line. `--help` (or `-h`) prints every flag with its default and the comment written after the field
-in the dataclass's source (for train.py: TrainConfig's, then those of the --model chosen), and exits with 0.
+wrong type, a value the dataclass's __post_init__ refuses, an old name of RENAMED_FLAGS: the error gives the new)
+raises UserError, which run_cli prints as one `error: ...` line. `--help` (or `-h`) prints every flag with its
+default and the comment written after the field in the dataclass's source (for train.py: TrainConfig's, then those
+of the --model chosen), and exits with 0.
 """
 
 import ast
@@ -30,6 +31,18 @@ REPO = Path(__file__).resolve().parent
 
 class UserError(Exception):
     """Bad input from the user: reported as one line, without a traceback."""
+
+
+# Fields renamed, old name -> new: a flag or a config file's line with the old name is a one-line error naming the
+# new one; a checkpoint's saved config is read under the new name (renamed_fields, runs.load_checkpoint).
+RENAMED_FLAGS = {
+    'ltm_lr_multiplier': 'ltm_lr_mult',      # model_infformer_gpt2.py, as gate_lr_mult and compress_lr_mult
+}
+
+
+def renamed_fields(config):
+    """A saved {field: value} with every field of RENAMED_FLAGS under its new name."""
+    return {RENAMED_FLAGS.get(name, name): value for name, value in config.items()}
 
 
 def _model_modules():
@@ -69,6 +82,9 @@ def read_config_file(path):
             continue                                                    # a docstring
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             raise UserError(f"{path}:{node.lineno}: config files may only contain `name = literal` lines")
+        if node.targets[0].id in RENAMED_FLAGS:
+            raise UserError(f"{path}:{node.lineno}: {node.targets[0].id} was renamed "
+                            f"{RENAMED_FLAGS[node.targets[0].id]}")
         try:
             values[node.targets[0].id] = ast.literal_eval(node.value)
         except ValueError:
@@ -176,16 +192,19 @@ def _flag_lines(cls):
     return lines
 
 
-def help_text(argv, train_cls, allow_model_fields=True):
+def help_text(argv, train_cls, allow_model_fields=True, command=None):
     """Usage, the script's summary, then every flag of train_cls (and, with allow_model_fields, of the Config of
-    the model that argv's --model= or config file chooses) with its default and its comment."""
+    the model that argv's --model= or config file chooses) with its default and its comment. command: the verb
+    argv follows (`pretrained.py export`), whose summary is train_cls's docstring."""
     script = sys.modules.get(train_cls.__module__)
     path = Path(getattr(script, '__file__', None) or sys.argv[0])
-    summary = ((getattr(script, '__doc__', None) or '').strip().split('\n\n') or [''])[0]
-    lines = [f"usage: python {path.name} [config/*.py ...] [--name=value ...]", '']
+    name = f"{path.name} {command}" if command else path.name
+    doc = train_cls.__doc__ if command else getattr(script, '__doc__', None)
+    summary = ((doc or '').strip().split('\n\n') or [''])[0]
+    lines = [f"usage: python {name} [config/*.py ...] [--name=value ...]", '']
     if summary:
-        lines += [summary, '']
-    lines += [f"{path.name} flags ({train_cls.__name__}):", *_flag_lines(train_cls)]
+        lines += [inspect.cleandoc(summary), '']
+    lines += [f"{name} flags ({train_cls.__name__}):", *_flag_lines(train_cls)]
     if allow_model_fields:
         name = model_name(read_overrides(argv), train_cls)
         module = import_model(name)
@@ -203,7 +222,10 @@ def read_overrides(argv):
             if '=' not in arg:
                 raise UserError(f"flags are written --name=value, got {arg!r} (--help lists them)")
             key, value = arg[2:].split('=', 1)
-            overrides[key.replace('-', '_')] = value
+            key = key.replace('-', '_')
+            if key in RENAMED_FLAGS:
+                raise UserError(f"--{key} was renamed --{RENAMED_FLAGS[key]}")
+            overrides[key] = value
         elif arg.endswith('.py'):
             overrides.update(read_config_file(arg))
         else:
@@ -216,13 +238,14 @@ def model_name(overrides, train_cls):
     return str(overrides.get('model', {f.name: f for f in dataclasses.fields(train_cls)}['model'].default))
 
 
-def parse_args(argv, train_cls, allow_model_fields=True):
+def parse_args(argv, train_cls, allow_model_fields=True, command=None):
     """argv -> (train_cls config, model module, model config, names the user set). Config files first, then flags.
     train_cls: the script's dataclass of flags (train.py's TrainConfig, sample.py's SampleConfig, a benchmark's);
-    allow_model_fields: also accept the fields of model_<--model>.py's Config.
+    allow_model_fields: also accept the fields of model_<--model>.py's Config; command: the verb argv follows, for
+    --help (pretrained.py's export).
     --help (or -h) anywhere prints every flag with its default and comment (help_text), then exits with status 0."""
     if any(arg in HELP_FLAGS for arg in argv):
-        print(help_text([arg for arg in argv if arg not in HELP_FLAGS], train_cls, allow_model_fields))
+        print(help_text([arg for arg in argv if arg not in HELP_FLAGS], train_cls, allow_model_fields, command))
         sys.exit(0)
     overrides = read_overrides(argv)
     train_fields = {f.name: f for f in dataclasses.fields(train_cls)}

@@ -75,13 +75,13 @@ class Config:
     mu_0: float = -1.0               # μ₀ of the KL prior (their configs' -1); > 0 drops the μ term, as their code,
                                      # which is the paper's Eq. 20 (μ₀ = μ)
     sigma_sq_min: float = 1e-4       # floor of σ² (Eq. 10), their GPT-2 code's
-    ltm_lr_multiplier: float = 5.0   # the LTM's learning rate over GPT-2's: their learning_rate_ltm 2.5e-4 / 5e-5
+    ltm_lr_mult: float = 5.0         # the LTM's learning rate over GPT-2's: their learning_rate_ltm 2.5e-4 / 5e-5
 
     # Copied from model_infformer.py (Config.__post_init__) with GPT-2's fields (model_gpt2.py's checks)
     def __post_init__(self):
         lowest = dict.fromkeys(('vocab_size', 'n_layer', 'n_head', 'n_embd', 'n_positions', 'seg_len', 'n_samples',
                                 'sticky_bins'), 1)
-        for name, low in {**lowest, 'ltm_reset_len': 0, 'kl_weight': 0, 'ltm_lr_multiplier': 0}.items():
+        for name, low in {**lowest, 'ltm_reset_len': 0, 'kl_weight': 0, 'ltm_lr_mult': 0}.items():
             if not getattr(self, name) >= low:
                 raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
         if self.n_embd % self.n_head:
@@ -614,8 +614,8 @@ class Model(nn.Module):
     # --- bookkeeping for train.py -------------------------------------------------------------------------
 
     def lr_multipliers(self):
-        """The LTM's parameters learn ltm_lr_multiplier times faster than GPT-2's, as the authors' optimizer groups."""
-        return {name: self.config.ltm_lr_multiplier for name, _ in self.named_parameters() if '.ltm.' in name}
+        """The LTM's parameters learn ltm_lr_mult times faster than GPT-2's, as the authors' optimizer groups."""
+        return {name: self.config.ltm_lr_mult for name, _ in self.named_parameters() if '.ltm.' in name}
 
     # Copied from model_xl.py (Model.num_params)
     def num_params(self):

@@ -20,6 +20,7 @@ reads it). Every failure is a UserError: one line, never a traceback.
 import dataclasses
 import json
 import re
+import textwrap
 from pathlib import Path
 
 import torch
@@ -226,6 +227,8 @@ def init_from_gpt2(init_from, model_name, module, model_cfg, given):
 
 @dataclasses.dataclass
 class ExportConfig:
+    """Write a GPT-2 that train.py made (--model=gpt2) in the Hugging Face hub format (config.json,
+    model.safetensors), which transformers' GPT2LMHeadModel.from_pretrained reads, and --init_from=gpt2:DIR."""
     out_dir: str = 'out-gpt2-demo'     # a train.py --model=gpt2 run
     checkpoint: str = 'ckpt.pt'        # which of its checkpoints: ckpt.pt (the last) or best.pt
     to: str = ''                       # the directory to write config.json and model.safetensors into
@@ -272,16 +275,32 @@ def export(out_dir, to, checkpoint='ckpt.pt', overwrite=False):
     return paths
 
 
+VERBS = {'export': ExportConfig}      # verb -> the dataclass of its flags, whose docstring says what it does
+
+
+def verbs_help():
+    """--help: the verbs and what each does."""
+    lines = ["usage: python pretrained.py VERB [--name=value ...]", '',
+             "GPT-2's weights come in through train.py --init_from=gpt2 (or gpt2:DIR); this script's verbs:"]
+    for verb, cls in VERBS.items():
+        lines += textwrap.wrap(' '.join(cls.__doc__.split()), 116, initial_indent=f"  {verb:<8}  ",
+                               subsequent_indent=' ' * 12)
+    return '\n'.join(lines + ['', "python pretrained.py VERB --help lists the verb's flags."])
+
+
 def main(argv=None):
-    """python pretrained.py export --out_dir=OUT --to=DIR (--help lists the flags)."""
+    """python pretrained.py export --out_dir=OUT --to=DIR; --help lists the verbs, export --help its flags."""
     import sys
 
     import configurator
 
     def go(argv):
-        if not argv or argv[0] != 'export':
-            raise UserError("usage: python pretrained.py export --out_dir=OUT_DIR --to=DIR (--help for the flags)")
-        cfg = configurator.parse_args(argv[1:], ExportConfig, allow_model_fields=False)[0]
+        if argv and argv[0] in configurator.HELP_FLAGS:
+            print(verbs_help())
+            sys.exit(0)
+        if not argv or argv[0] not in VERBS:
+            raise UserError("usage: python pretrained.py export --out_dir=OUT_DIR --to=DIR (--help lists the verbs)")
+        cfg = configurator.parse_args(argv[1:], ExportConfig, allow_model_fields=False, command=argv[0])[0]
         for path in export(cfg.out_dir, cfg.to, cfg.checkpoint, cfg.overwrite):
             print(f"wrote {path}")
         print(f"transformers: GPT2LMHeadModel.from_pretrained({str(Path(cfg.to).expanduser())!r}); nanomem: "

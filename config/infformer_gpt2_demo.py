@@ -31,4 +31,4 @@ n_basis = 64                  # N = L (the paper's N = L = 512)
 n_samples = 128               # M, scaled from the paper's 512 with N (their code fixes M = 512)
 ltm_reset_len = 512           # the paper's memory threshold (2,048 = 4 segments), here 8 segments of 64
 sticky = False
-ltm_lr_multiplier = 5.0       # the authors' learning_rate_ltm 2.5e-4 / learning_rate 5e-5
+ltm_lr_mult = 5.0             # the authors' learning_rate_ltm 2.5e-4 / learning_rate 5e-5

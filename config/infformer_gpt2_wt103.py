@@ -33,7 +33,7 @@ kl_weight = 1e-6              # README --kl_regularizer --kl_m=.000001
 sigma_0 = 0.05                # config.json sigma_0
 mu_0 = -1.0                   # config.json mu_0
 sigma_sq_min = 1e-4           # long_term_attention.py clamp(sigma_sq, min=1e-4)
-ltm_lr_multiplier = 5.0       # training_args.py learning_rate_ltm 2.5e-4 over learning_rate 5e-5
+ltm_lr_mult = 5.0             # training_args.py learning_rate_ltm 2.5e-4 over learning_rate 5e-5
 batch_size = 1                # README --per_device_train_batch_size=1
 gradient_accumulation_steps = 1   # Trainer default
 learning_rate = 5e-5          # Trainer default (the README passes none)

@@ -1,7 +1,7 @@
 """
 The command line shared by train.py, sample.py and bench/ (configurator.py): --help lists every flag with its
 default and the comment written after it in the dataclass; bad values (non-finite floats, the flag LaMemo took
-away from model_xl.py) are one `error: ...` line.
+away from model_xl.py, a renamed flag) are one `error: ...` line. pretrained.py's --help lists its verbs.
 """
 import dataclasses
 import re
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 import configurator
+import pretrained
 import sample
 import train
 from _train_util import assert_one_line_error, run_python
@@ -137,6 +138,48 @@ def test_lookahead_is_an_unknown_flag(capsys):
         train.main(['--model=xl', '--lookahead=True'])
     assert exc.value.code == 2
     assert_one_line_error(capsys.readouterr().err, 'unknown flag --lookahead')
+
+
+def test_a_renamed_flag_is_one_line_naming_the_new_name(capsys):
+    with pytest.raises(SystemExit) as exc:
+        train.main(['--model=infformer_gpt2', '--ltm_lr_multiplier=5'])
+    assert exc.value.code == 2
+    line = assert_one_line_error(capsys.readouterr().err)
+    assert line == 'error: --ltm_lr_multiplier was renamed --ltm_lr_mult'
+    assert train.parse_args(['--model=infformer_gpt2', '--ltm_lr_mult=5'])[2].ltm_lr_mult == 5.0
+
+
+def test_a_renamed_field_in_a_config_file_names_the_new_name(tmp_path):
+    config = tmp_path / 'old.py'
+    config.write_text("model = 'infformer_gpt2'\nltm_lr_multiplier = 5.0\n")
+    with pytest.raises(configurator.UserError,
+                       match=f'^{re.escape(str(config))}:2: ltm_lr_multiplier was renamed ltm_lr_mult$'):
+        train.parse_args([str(config)])
+
+
+def test_renamed_flags_name_a_field_that_is_and_one_that_is_not():
+    """Each old name of RENAMED_FLAGS is no field any more (it would shadow it), each new one is a model's field."""
+    fields = {f.name for name in configurator.available_models()
+              for f in dataclasses.fields(configurator.import_model(name).Config)}
+    fields |= {f.name for f in dataclasses.fields(train.TrainConfig)}
+    assert configurator.RENAMED_FLAGS
+    for old, new in configurator.RENAMED_FLAGS.items():
+        assert old not in fields and new in fields, (old, new)
+
+
+def test_pretrained_help_lists_its_verbs(capsys):
+    out = help_of(pretrained.main, ['--help'], capsys)
+    assert out.startswith('usage: python pretrained.py VERB [--name=value ...]\n')
+    assert set(pretrained.VERBS) == {'export'}
+    assert re.search(r'^  export +Write a GPT-2 that train.py made', out, re.M), out
+    assert 'python pretrained.py VERB --help' in out
+
+
+def test_pretrained_export_help_names_the_verb(capsys):
+    out = help_of(pretrained.main, ['export', '--help'], capsys)
+    assert out.startswith('usage: python pretrained.py export [config/*.py ...] [--name=value ...]\n')
+    assert 'pretrained.py export flags (ExportConfig):' in out
+    assert_lists(out, pretrained.ExportConfig)
 
 
 @pytest.mark.parametrize('flag', ['--learning_rate=inf', '--dropout=nan', '--grad_clip=-inf'])

@@ -163,7 +163,7 @@ def test_the_recipes_forms_are_fine_tuned_alike_from_the_demo_gpt2():
         assert not given & {'n_layer', 'n_head', 'n_embd', 'vocab_size', 'n_positions'}   # the checkpoint's
         seen[form] = (tuple(getattr(cfg, k) for k in shared), cfg, model_cfg)
     assert len({values for values, _, _ in seen.values()}) == 1
-    assert seen['infformer_gpt2'][2].ltm_lr_multiplier == 5.0             # the authors' LTM rate over GPT-2's
+    assert seen['infformer_gpt2'][2].ltm_lr_mult == 5.0             # the authors' LTM rate over GPT-2's
     assert seen['compressive_gpt2'][2].cmem_len == seen['infformer_gpt2'][2].n_basis   # the paper's equal budgets
     infini = seen['infini_gpt2'][1]
     assert infini.bptt_segments == infini.reset_every == 4 and infini.batch_size == 2   # as its paper trains

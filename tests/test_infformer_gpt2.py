@@ -309,7 +309,7 @@ SECTION_4_2 = dict(init_from='gpt2', seg_len=512, n_basis=512, ltm_reset_len=204
 AUTHORS = dict(batch_size=1, gradient_accumulation_steps=1, eval_batch_size=1, beta1=0.9, beta2=0.999,
                kl_weight=1e-6, dropout=0.1, basis_widths='0.005,0.01', ridge_lambda=0.5, unbounded=True, tau=0.5,
                n_samples=512, sticky_bins=128, cnn_gate=True, sigma_0=0.05, mu_0=-1.0, sigma_sq_min=1e-4,
-               ltm_lr_multiplier=5.0, learning_rate=5e-5, min_lr=0.0, warmup_iters=0, weight_decay=0.0, grad_clip=1.0)
+               ltm_lr_mult=5.0, learning_rate=5e-5, min_lr=0.0, warmup_iters=0, weight_decay=0.0, grad_clip=1.0)
 
 
 @pytest.mark.parametrize('name, dataset', [('infformer_gpt2_pg19.py', 'pg19_2000'),     # prepare.py --books=2000

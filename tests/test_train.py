@@ -25,6 +25,7 @@ import configurator
 import runs
 import train
 import _train_standin
+from _models import TINY_MODELS
 from _train_util import (ROOT, TINY_XL, assert_identical, assert_one_line_error, flags, load,
                          make_pattern_dataset, pattern_tokens, read_log, run_main, run_python, signal_after_log_lines,
                          write_dataset)
@@ -222,6 +223,22 @@ def test_checkpoint_with_use_sdpa_loads_with_the_attn_kernel_it_meant(trained):
         _, loaded, model = train.model_from_checkpoint(ckpt, 'old.pt')
         assert loaded.attn_kernel == kernel and model.layers[0].attn.attn_kernel == kernel
         assert_identical(model.state_dict(), ckpt['model'])
+
+
+def test_checkpoint_with_a_renamed_field_loads_it_under_the_new_name(tmp_path):
+    """A checkpoint written before ltm_lr_multiplier became ltm_lr_mult (configurator.RENAMED_FLAGS) loads, with
+    its value under the new name."""
+    module = train.import_model('infformer_gpt2')
+    fields = {k: v for k, v in TINY_MODELS['infformer_gpt2'].items() if k != 'model'}
+    model = module.Model(module.Config(**fields, ltm_lr_mult=3.0))
+    old = {('ltm_lr_multiplier' if k == 'ltm_lr_mult' else k): v for k, v in dataclasses.asdict(model.config).items()}
+    torch.save({'format': runs.CKPT_FORMAT, 'model_name': 'infformer_gpt2', 'model_config': old,
+                'model': model.state_dict()}, tmp_path / 'ckpt.pt')
+    ckpt = train.load_checkpoint(tmp_path / 'ckpt.pt')
+    assert 'ltm_lr_multiplier' not in ckpt['model_config'] and ckpt['model_config']['ltm_lr_mult'] == 3.0
+    _, config, loaded = train.model_from_checkpoint(ckpt, tmp_path / 'ckpt.pt')
+    assert config.ltm_lr_mult == 3.0 and set(loaded.lr_multipliers().values()) == {3.0}
+    assert_identical(loaded.state_dict(), model.state_dict())
 
 
 def test_resume_may_change_the_attention_kernel(trained, data_dir, tmp_path):
