@@ -141,12 +141,11 @@ class OpenSegment:
 
 class Compression(nn.Module):
     """f_c^{(i)}, one layer's compression function: groups of c old memories (B, G, c, C) -> one compressed memory
-    each (B, G, C); row b's real groups are its last n_new[b]; usage (B, G*c): each one's average attention.
+    each (B, G, C).
       max_pool, mean_pool  pooling over time, kernel = stride = c (no parameters)
       conv                 Conv1d over time, kernel = stride = c, n_embd channels in and out
       dilated_conv         ours (the paper gives no details): a WaveNet-style tree, ⌈log2 c⌉ Conv1d of kernel 2,
-                           dilations 1, 2, 4, ..., ReLU between, over the group left-padded to 2^⌈log2 c⌉ positions
-      most_used            keep the n_new memories of the n_new·c with the highest usage, in time order"""
+                           dilations 1, 2, 4, ..., ReLU between, over the group left-padded to 2^⌈log2 c⌉ positions"""
 
     def __init__(self, config):
         super().__init__()
@@ -158,13 +157,11 @@ class Compression(nn.Module):
             self.width = 2 ** levels
             self.convs = nn.ModuleList([nn.Conv1d(C, C, kernel_size=2, dilation=2 ** i) for i in range(levels)])
 
-    def forward(self, groups, n_new, usage):
+    def forward(self, groups):
         if self.kind == 'max_pool':
             return groups.amax(2)
         if self.kind == 'mean_pool':
             return groups.mean(2)
-        if self.kind == 'most_used':
-            return self._most_used(groups, n_new, usage)
         B, G, c, C = groups.shape
         if self.kind == 'conv':   # Conv1d (kernel = stride = c) as one product over a group's c·C values, same weights:
             # a training step 1.08x faster under torch.compile than self.conv (1.03x eager; speed.py's matched size)
@@ -178,21 +175,6 @@ class Compression(nn.Module):
                 x = F.relu(x)                                     # (B*G, C, 1) after the last level
         return x.reshape(B, G, C)
 
-    @staticmethod
-    def _most_used(groups, n_new, usage):
-        """Keep each row's n_new candidates of highest usage (padding last, ties to the older), in time order."""
-        B, G, c, C = groups.shape
-        candidates = groups.reshape(B, G * c, C)
-        position = torch.arange(G * c, device=groups.device).expand(B, -1)                 # (B, G*c)
-        real = position >= ((G - n_new) * c)[:, None]
-        order = torch.argsort(usage.masked_fill(~real, float('-inf')), dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order).scatter_(1, order, position)                         # rank of each candidate
-        keep = rank < n_new[:, None]                                                        # n_new per row
-        slot = (G - n_new)[:, None] + keep.cumsum(1) - 1                                    # target slot, time order
-        slot = torch.where(keep, slot, G)                                                   # the rest: slot G, dropped
-        out = candidates.new_zeros(B, G + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), candidates)
-        return out[:, :G]
-
     def macs_per_slot(self):
         """Multiply-adds of one compressed slot, forward and backward: dilated_conv's level l has width + 1 - 2^(l+1)
         outputs; backward, every level's input but the first (old_mem, SG) gets a gradient too."""
@@ -201,7 +183,24 @@ class Compression(nn.Module):
         if self.kind == 'dilated_conv':
             level = [conv.weight.numel() * (self.width + 1 - 2 ** (l + 1)) for l, conv in enumerate(self.convs)]
             return sum(level), sum(level) + sum(level[1:])
-        return 0, 0                                               # pooling and most_used multiply nothing
+        return 0, 0                                               # no weights, nothing multiplied
+
+
+def most_used(groups, n_new, usage):
+    """f_c = most_used, without parameters: of the groups of c old memories (B, G, c, C), row b's real ones its last
+    n_new[b], keep the n_new memories of the highest usage (B, G*c: each one's average attention; padding last, ties
+    to the older), in time order. -> (B, G, C)"""
+    B, G, c, C = groups.shape
+    candidates = groups.reshape(B, G * c, C)
+    position = torch.arange(G * c, device=groups.device).expand(B, -1)                 # (B, G*c)
+    real = position >= ((G - n_new) * c)[:, None]
+    order = torch.argsort(usage.masked_fill(~real, float('-inf')), dim=1, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(1, order, position)                         # rank of each candidate
+    keep = rank < n_new[:, None]                                                        # n_new per row
+    slot = (G - n_new)[:, None] + keep.cumsum(1) - 1                                    # target slot, time order
+    slot = torch.where(keep, slot, G)                                                   # the rest: slot G, dropped
+    out = candidates.new_zeros(B, G + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), candidates)
+    return out[:, :G]
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -266,7 +265,10 @@ def update_memory(memory, hids, usage, layers, rate, keep_graph=False):
         attn_mass, attn_queries = attn_mass.contiguous(), attn_queries[0].contiguous()
         old_usage = group_evicted(old_mass / old_seen.clamp(min=1), n_old, rate)[0].flatten(2)   # (L, B, G*c) average
     groups, n_new = group_evicted(old_mem, n_old, rate)          # (L, B, G, c, C), n_new (B,) real groups
-    new_cm = torch.stack([layer.compress(groups[n], n_new, old_usage[n]) for n, layer in enumerate(layers)])
+    if usage is None:
+        new_cm = torch.stack([layer.compress(groups[n]) for n, layer in enumerate(layers)])
+    else:                                                         # most_used: the most attended states, no f_c
+        new_cm = torch.stack([most_used(groups[n], n_new, old_usage[n]) for n in range(len(layers))])
     new_cm = torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)   # line 9, (L, B, G, C)
     cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())          # line 11
     cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
@@ -317,7 +319,7 @@ def compression_flops(config, f_c):
     and pooling not counted, nor recon_loss='none''s gradients through time (--bptt_segments > 1)."""
     T, C, HD, c = config.seg_len, config.n_embd, config.n_head * config.d_head, config.compression_rate
     G = T // c
-    forward, backward = f_c.macs_per_slot()             # (0, 0) for pooling and most_used: nothing to learn
+    forward, backward = f_c.macs_per_slot()             # (0, 0) for an f_c without weights: nothing to learn
     grad = 2 if backward > 0 and config.recon_loss != 'none' else 0   # FLOPs a multiply-add of a gradient to f_c
     flops = G * (2 * forward + grad * backward)         # f_c
     if config.recon_loss == 'autoencoding':
@@ -428,7 +430,7 @@ class Block(nn.Module):
         self.attn = RelMultiHeadAttn(config)
         self.ff = PositionwiseFF(config.n_embd, config.d_inner, config.dropout, config.pre_lnorm)
         if config.cmem_len > 0:
-            self.compress = Compression(config)                   # f_c^{(i)}
+            self.compress = Compression(config)                   # f_c^{(i)} (most_used: none, see most_used)
             if config.recon_loss == 'autoencoding':               # g: one compressed memory -> c memories
                 self.decoder = nn.Linear(config.n_embd, config.compression_rate * config.n_embd)
 

@@ -68,7 +68,7 @@ class Config:
     recon_loss: str = 'attention'  # f_c's loss: attention (Algorithm 2), autoencoding, none (through time)
     recon_weight: float = 1.0  # loss = LM loss + recon_weight * reconstruction loss (the authors' trainer: 1)
     compress_lr_mult: float = 5.0  # f_c, g learn this much faster (the authors: learning_rate_ltm 2.5e-4 / 5e-5)
-    alibi: bool = True        # ALiBi's distance bias -m_h (i - j) on the memory slots; False: memory unbiased
+    alibi: bool = True        # ALiBi's distance bias -m_h (S + i - j) on memory slot j; False: memory unbiased
 
     @property
     def d_head(self):
@@ -145,12 +145,11 @@ def alibi_slopes(n_head):
 # Copied from model_compressive.py (Compression)
 class Compression(nn.Module):
     """f_c^{(i)}, one layer's compression function: groups of c old memories (B, G, c, C) -> one compressed memory
-    each (B, G, C); row b's real groups are its last n_new[b]; usage (B, G*c): each one's average attention.
+    each (B, G, C).
       max_pool, mean_pool  pooling over time, kernel = stride = c (no parameters)
       conv                 Conv1d over time, kernel = stride = c, n_embd channels in and out
       dilated_conv         ours (the paper gives no details): a WaveNet-style tree, ⌈log2 c⌉ Conv1d of kernel 2,
-                           dilations 1, 2, 4, ..., ReLU between, over the group left-padded to 2^⌈log2 c⌉ positions
-      most_used            keep the n_new memories of the n_new·c with the highest usage, in time order"""
+                           dilations 1, 2, 4, ..., ReLU between, over the group left-padded to 2^⌈log2 c⌉ positions"""
 
     def __init__(self, config):
         super().__init__()
@@ -162,13 +161,11 @@ class Compression(nn.Module):
             self.width = 2 ** levels
             self.convs = nn.ModuleList([nn.Conv1d(C, C, kernel_size=2, dilation=2 ** i) for i in range(levels)])
 
-    def forward(self, groups, n_new, usage):
+    def forward(self, groups):
         if self.kind == 'max_pool':
             return groups.amax(2)
         if self.kind == 'mean_pool':
             return groups.mean(2)
-        if self.kind == 'most_used':
-            return self._most_used(groups, n_new, usage)
         B, G, c, C = groups.shape
         if self.kind == 'conv':   # Conv1d (kernel = stride = c) as one product over a group's c·C values, same weights:
             # a training step 1.08x faster under torch.compile than self.conv (1.03x eager; speed.py's matched size)
@@ -182,21 +179,6 @@ class Compression(nn.Module):
                 x = F.relu(x)                                     # (B*G, C, 1) after the last level
         return x.reshape(B, G, C)
 
-    @staticmethod
-    def _most_used(groups, n_new, usage):
-        """Keep each row's n_new candidates of highest usage (padding last, ties to the older), in time order."""
-        B, G, c, C = groups.shape
-        candidates = groups.reshape(B, G * c, C)
-        position = torch.arange(G * c, device=groups.device).expand(B, -1)                 # (B, G*c)
-        real = position >= ((G - n_new) * c)[:, None]
-        order = torch.argsort(usage.masked_fill(~real, float('-inf')), dim=1, descending=True, stable=True)
-        rank = torch.empty_like(order).scatter_(1, order, position)                         # rank of each candidate
-        keep = rank < n_new[:, None]                                                        # n_new per row
-        slot = (G - n_new)[:, None] + keep.cumsum(1) - 1                                    # target slot, time order
-        slot = torch.where(keep, slot, G)                                                   # the rest: slot G, dropped
-        out = candidates.new_zeros(B, G + 1, C).scatter(1, slot[..., None].expand(-1, -1, C), candidates)
-        return out[:, :G]
-
     def macs_per_slot(self):
         """Multiply-adds of one compressed slot, forward and backward: dilated_conv's level l has width + 1 - 2^(l+1)
         outputs; backward, every level's input but the first (old_mem, SG) gets a gradient too."""
@@ -205,7 +187,7 @@ class Compression(nn.Module):
         if self.kind == 'dilated_conv':
             level = [conv.weight.numel() * (self.width + 1 - 2 ** (l + 1)) for l, conv in enumerate(self.convs)]
             return sum(level), sum(level) + sum(level[1:])
-        return 0, 0                                               # pooling and most_used multiply nothing
+        return 0, 0                                               # no weights, nothing multiplied
 
 
 # Algorithm 1, lines 8-11, per layer, segment h of T tokens: old_mem = the T oldest of concat(m, h) (line 8), which
@@ -259,7 +241,7 @@ def update_memory(memory, hids, layers, rate, keep_graph=False):
     if n_cm == 0:                                                 # nothing kept beyond m
         return replace(memory, mem=mem, mem_length=mem_length), None
     groups, n_new = group_evicted(old_mem, n_old, rate)          # (L, B, G, c, C), n_new (B,) real groups
-    new_cm = torch.stack([layer.compress(groups[n], n_new, None) for n, layer in enumerate(layers)])
+    new_cm = torch.stack([layer.compress(groups[n]) for n, layer in enumerate(layers)])
     new_cm = torch.where(right_aligned(groups.size(2), n_new)[None, :, :, None], new_cm, 0)   # line 9, (L, B, G, C)
     cmem, _ = push_fifo(memory.cmem, new_cm if keep_graph else new_cm.detach())          # line 11
     cmem_length = (memory.cmem_length + n_new).clamp(max=n_cm)
@@ -312,7 +294,7 @@ def compression_flops(config, f_c):
     and pooling not counted, nor recon_loss='none''s gradients through time (--bptt_segments > 1)."""
     T, C, HD, c = config.seg_len, config.n_embd, config.n_head * config.d_head, config.compression_rate
     G = T // c
-    forward, backward = f_c.macs_per_slot()             # (0, 0) for pooling and most_used: nothing to learn
+    forward, backward = f_c.macs_per_slot()             # (0, 0) for an f_c without weights: nothing to learn
     grad = 2 if backward > 0 and config.recon_loss != 'none' else 0   # FLOPs a multiply-add of a gradient to f_c
     flops = G * (2 * forward + grad * backward)         # f_c
     if config.recon_loss == 'autoencoding':
@@ -498,7 +480,8 @@ class Model(nn.Module):
     def _attn_bias(self, key_valid, in_memory, T):
         """The additive attention bias (B, H, T, K) over K keys, the last T the queries themselves: query i sits at
         K - T + i and sees key j when j is valid and not after it; a memory slot j (in_memory (K,)) gets ALiBi's
-        -m_h (K - T + i - j), a token of the segment nothing (GPT-2's learned positions place it); -inf elsewhere."""
+        -m_h (K - T + i - j), which is -m_h (S + i - j) in forward (K = S + T), a token of the segment nothing
+        (GPT-2's learned positions place it); -inf elsewhere."""
         K = key_valid.size(1)
         i = torch.arange(T, device=key_valid.device)[:, None]
         j = torch.arange(K, device=key_valid.device)[None, :]

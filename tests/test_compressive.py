@@ -20,8 +20,8 @@ from _model_tests import (F64, V, assert_close, assert_greedy_generate_matches_f
                           train_on_repeated_pattern)
 from _models import TINY_MODELS
 from _train_util import assert_one_line_error, flags, load, make_pattern_dataset, run_python
-from model_compressive import (COMPRESSIONS, Compression, Config, Model, Usage, group_evicted, push_fifo,
-                               right_aligned, sample_next, update_memory)
+from model_compressive import (COMPRESSIONS, Compression, Config, Model, Usage, group_evicted, most_used,
+                               push_fifo, right_aligned, sample_next, update_memory)
 
 
 def make_model(dtype=F64, seed=0, **overrides):
@@ -84,7 +84,7 @@ def reference_update(model, rows, hids, mem_len, usage=None):
                 new_cm = [old[k] for k in sorted(best)]
             else:
                 f_c = model.layers[n].compress
-                new_cm = [f_c(torch.stack(old[g * rate:(g + 1) * rate])[None, None], torch.tensor([1]), None)[0, 0]
+                new_cm = [f_c(torch.stack(old[g * rate:(g + 1) * rate])[None, None])[0, 0]
                           for g in range(n_new)]
             row['cm'] = (row['cm'] + new_cm)[-c.cmem_len:]
 
@@ -241,7 +241,7 @@ def test_pooling_by_hand():
     for kind, expected in [('max_pool', [[[4., 5., 3.], [2., 1., 1.]]]),
                            ('mean_pool', [[[2.5, 1.5, -1.5], [1., 0., 0.5]]])]:
         f_c = Compression(Config(n_embd=4, compression_rate=2, compression=kind))
-        assert torch.equal(f_c(x, torch.tensor([2]), None), torch.tensor(expected, dtype=F64)), kind
+        assert torch.equal(f_c(x), torch.tensor(expected, dtype=F64)), kind
 
 
 def test_conv_by_hand():
@@ -254,7 +254,7 @@ def test_conv_by_hand():
         f_c.conv.weight.copy_(W)
         f_c.conv.bias.copy_(bias)
     x = groups_example()
-    out = f_c(x, torch.tensor([2]), None)
+    out = f_c(x)
     for g in range(2):
         for o in range(C):
             expected = bias[o] + sum(W[o, i, t] * x[0, g, t, i] for i in range(C) for t in range(2))
@@ -283,20 +283,19 @@ def test_dilated_conv_by_hand(rate):
         if n < levels - 1:
             seq = [s.clamp(min=0) for s in seq]
     assert len(seq) == 1
-    assert_close(f_c(x, torch.tensor([1]), None)[0, 0], seq[0], atol=1e-12, rtol=0)
+    assert_close(f_c(x)[0, 0], seq[0], atol=1e-12, rtol=0)
     if rate > 2:                                                   # every memory of the group matters
         for k in range(rate):
             y = x.clone()
             y[0, 0, k] += 1.0
-            assert differs(f_c(y, torch.tensor([1]), None), f_c(x, torch.tensor([1]), None), atol=1e-9)
+            assert differs(f_c(y), f_c(x), atol=1e-9)
 
 
 def test_most_used_by_hand():
-    f_c = Compression(Config(n_embd=4, compression_rate=2, compression='most_used'))
     x = torch.arange(2 * 3 * 2 * 1, dtype=F64).view(2, 3, 2, 1)              # B=2, G=3, c=2, C=1: values = position
     usage = torch.tensor([[9., 9., 0.3, 0.1, 0.2, 0.5],                      # row 0: 2 real groups (positions 2-5)
                           [0.1, 0.9, 0.9, 0.2, 0.8, 0.1]], dtype=F64)         # row 1: 3 real groups, a tie at 1, 2
-    out = f_c(x, torch.tensor([2, 3]), usage)
+    out = most_used(x, torch.tensor([2, 3]), usage)
     # row 0: the 2 most used of positions 2..5 are 5 (0.5) and 2 (0.3), in time order; padding groups ignored
     assert out[0, :, 0].tolist() == [0., 2., 5.]
     # row 1: the 3 most used are 1, 2 (tie, both kept) and 4, in time order
@@ -596,7 +595,7 @@ def test_attention_reconstruction_loss_equals_algorithm_2(overrides):
                 if G == 0:
                     continue
                 old_mem = states[n_old - G * rate:n_old]                             # the oldest n_old mod c forgotten
-                new_cm = layer.compress(old_mem.view(1, G, rate, -1), torch.tensor([G]), None)[0]     # line 9
+                new_cm = layer.compress(old_mem.view(1, G, rate, -1))[0]                 # line 9
                 target = naive_content_attention(layer.attn, inputs[n][b], old_mem)
                 errors.append((target - naive_content_attention(layer.attn, inputs[n][b], new_cm)).pow(2).mean())
             expected += sum(errors) / len(errors)

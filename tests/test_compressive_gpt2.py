@@ -10,6 +10,7 @@ logits, the reconstruction loss training f_c and nothing else, generate() == for
 PG-19 config file.
 """
 
+import inspect
 import math
 import runpy
 from dataclasses import replace
@@ -406,6 +407,16 @@ def test_config_rejects_bad_values(bad):
     fields = dict(vocab_size=V, n_layer=1, n_head=4, n_embd=16, n_positions=16, seg_len=4, cmem_len=4)
     with pytest.raises(ValueError):
         Config(**{**fields, **bad})
+
+
+def test_most_used_is_left_out_of_the_copied_compression():
+    """model_compressive.py's most_used needs the attention weights, which the fused attention does not give: it is
+    neither a compression here nor in Compression, which is a verbatim copy (tests/test_copies.py)."""
+    import model_compressive
+    import model_compressive_gpt2
+    assert set(COMPRESSIONS) == set(model_compressive.COMPRESSIONS) - {'most_used'}
+    assert 'most_used' not in inspect.getsource(model_compressive_gpt2.Compression)
+    assert not hasattr(model_compressive_gpt2, 'most_used') and hasattr(model_compressive, 'most_used')
 
 
 def test_config_defaults_are_gpt2_small_with_the_papers_memory():
