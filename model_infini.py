@@ -16,8 +16,8 @@ A learned scalar β per head mixes the two ("long-term context injection", Eq. 6
 and the heads are concatenated and projected by W_O (§2.1.2). Training (§3, §4.1) unrolls the memory over 16
 segments; the model never detaches it, train.py's `--bptt_segments=k` keeps the graph over k segments.
 
-Numbers are the paper's: Eq. 1 W_Q, W_K, W_V and Eq. 2 (§2.1.1); Eqs. 3-6 (§2.1.2), checked against quotations of
-its text. The multi-head output O = [A^1; ...; A^H] W_O is cited by section only (its number was not confirmed).
+Equation numbers are the paper's: Eq. 1 (W_Q, W_K, W_V) and Eq. 2 (§2.1.1), Eqs. 3-6 (§2.1.2); the multi-head
+output O = [A^1; ...; A^H] W_O, after Eq. 6, is cited by its section (§2.1.2).
 
 Deviations and choices (also in the README):
   - An empty memory (M = 0, z = 0: Eq. 3 is 0/0) retrieves 0, known from a token count (no epsilon); the gate stays.
@@ -119,7 +119,7 @@ def memory_retrieve(sigma_q, M, z, has_memory):
     return numerator / torch.where(has_memory, denominator, torch.ones_like(denominator))
 
 
-def memory_update(sigma_k, v, M, z, has_memory, rule):
+def update_memory(sigma_k, v, M, z, has_memory, rule):
     """Write a segment's keys and values: Eq. 4 (rule 'linear') or Eq. 5 (rule 'delta').
     sigma_k, v (B, H, T, D); M (B, H, D, D); z (B, H, D). Returns the new (M, z)."""
     if rule == 'delta':
@@ -211,9 +211,10 @@ class InfiniAttention(nn.Module):
         return out, (k_rot, k, v)
 
     def update_memory(self, M, z, has_memory, k, v, rule):
-        """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5."""
+        """Write the segment's unrotated keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5, by the
+        module's update_memory on σ(K), in the memory's dtype."""
         with torch.autocast(k.device.type, enabled=False):
-            return memory_update(self.features(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
+            return update_memory(self.features(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
 
 
 class Block(nn.Module):

@@ -131,8 +131,8 @@ def memory_retrieve(sigma_q, M, z, has_memory):
     return numerator / torch.where(has_memory, denominator, torch.ones_like(denominator))
 
 
-# Copied from model_infini.py (memory_update)
-def memory_update(sigma_k, v, M, z, has_memory, rule):
+# Copied from model_infini.py (update_memory)
+def update_memory(sigma_k, v, M, z, has_memory, rule):
     """Write a segment's keys and values: Eq. 4 (rule 'linear') or Eq. 5 (rule 'delta').
     sigma_k, v (B, H, T, D); M (B, H, D, D); z (B, H, D). Returns the new (M, z)."""
     if rule == 'delta':
@@ -201,9 +201,10 @@ class InfiniAttention(nn.Module):
         return self.output(A), (k, v)                             # O = [A^1; ...; A^H] W_O (§2.1.2)
 
     def update_memory(self, M, z, has_memory, k, v, rule):
-        """Write the segment's keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5."""
+        """Write the segment's keys and values k, v (B, H, T, D) into (M, z): Eq. 4 or 5, by the module's
+        update_memory on σ(K), in the memory's dtype."""
         with torch.autocast(k.device.type, enabled=False):
-            return memory_update(sigma(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
+            return update_memory(sigma(k.to(M.dtype)), v.to(M.dtype), M, z, has_memory, rule)
 
 
 # Copied from model_gpt2.py (MLP)

@@ -7,7 +7,7 @@ model learns: the memory alone, trained on the assoc task of bench/recall.py in 
 
 The episodes are bench/recall.py's `assoc_episode` at depth d: d segments of 64 tokens (8 one-token pairs, SEP,
 27 questions "k? v", padding) are written into the memory, one segment per write, with model_infini.py's own
-`sigma`, `memory_update` (Eq. 4 linear, Eq. 5 delta) and `memory_retrieve` (Eq. 3); then each of the next segment's
+`sigma`, `update_memory` (Eq. 4 linear, Eq. 5 delta) and `memory_retrieve` (Eq. 3); then each of the next segment's
 4 scored questions reads the memory and names the value of its pair, written d segments back. What is learned is
 everything the real model could choose: every token's key and value vectors (one free vector per token and head,
 pair tokens included, so a pair's key may depend on its value), every question's query vector, and a two-layer
@@ -95,7 +95,7 @@ class IsolatedMemory(nn.Module):
         for s in range(S):
             k = mi.sigma(key[written[:, s]].transpose(1, 2))                        # (B, H, T, D) σ(K)
             v = value[written[:, s]].transpose(1, 2)                                 # (B, H, T, D)
-            M, z = mi.memory_update(k, v, M, z, has_memory, self.rule)               # Eq. 4 / 5
+            M, z = mi.update_memory(k, v, M, z, has_memory, self.rule)               # Eq. 4 / 5
             has_memory = torch.ones_like(has_memory)
         q = mi.sigma(self.query[questions].transpose(1, 2))                         # (B, H, Q, D) σ(Q)
         read = mi.memory_retrieve(q, M, z, has_memory)                               # (B, H, Q, D) Eq. 3

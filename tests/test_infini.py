@@ -16,7 +16,7 @@ import _model_tests
 import model_infini
 from _model_tests import (F64, V, assert_greedy_generate_matches_forward, assert_sampled_generate_matches_forward,
                           differs, run_segments, tokens, train_on_repeated_pattern)
-from model_infini import Config, Memory, Model, apply_rope, memory_retrieve, memory_update, sample_next, sigma
+from model_infini import Config, Memory, Model, apply_rope, memory_retrieve, sample_next, sigma, update_memory
 
 # this file's default tolerances (1e-9, see above) are tighter than those of the other model tests
 assert_close = functools.partial(_model_tests.assert_close, atol=1e-9, rtol=1e-7)
@@ -189,7 +189,7 @@ def test_linear_retrieval_equals_naive_linear_attention_over_all_earlier_segment
                                               [v[b, h, j] for v in values for j in range(T)])
             assert_close(retrieved[b, h, t], expected, atol=1e-12, rtol=1e-10)
         k, v = torch.randn(B, H, T, D, generator=g, dtype=F64), 3 * torch.randn(B, H, T, D, generator=g, dtype=F64)
-        M, z = memory_update(sigma(k), v, M, z, has_memory, 'linear')
+        M, z = update_memory(sigma(k), v, M, z, has_memory, 'linear')
         has_memory = torch.ones_like(has_memory)
         keys.append(k)
         values.append(v)
@@ -203,15 +203,15 @@ def test_delta_update_equals_per_token_reference():
     segments = {(b, h): [] for b in range(B) for h in range(H)}
     for s in range(3):
         k, v = torch.randn(B, H, T, D, generator=g, dtype=F64), torch.randn(B, H, T, D, generator=g, dtype=F64)
-        M, z = memory_update(sigma(k), v, M, z, has_memory, 'delta')
+        M, z = update_memory(sigma(k), v, M, z, has_memory, 'delta')
         has_memory = torch.ones_like(has_memory)
         for (b, h), segs in segments.items():
             segs.append([(k[b, h, t], v[b, h, t]) for t in range(T)])
             M_ref, z_ref = naive_delta_memory(segs, D)
             assert_close(M[b, h], M_ref, atol=1e-12, rtol=1e-10)
             assert_close(z[b, h], z_ref, atol=1e-12, rtol=1e-10)
-    linear_M, _ = memory_update(sigma(k), v, M, z, has_memory, 'linear')
-    assert differs(linear_M, memory_update(sigma(k), v, M, z, has_memory, 'delta')[0])
+    linear_M, _ = update_memory(sigma(k), v, M, z, has_memory, 'linear')
+    assert differs(linear_M, update_memory(sigma(k), v, M, z, has_memory, 'delta')[0])
 
 
 def test_sigma_is_elu_plus_one_and_never_zero():
@@ -237,7 +237,7 @@ def test_retrieval_of_a_very_negative_query_is_finite():
     g = torch.Generator().manual_seed(3)
     k, v = torch.randn(1, 1, 6, D, generator=g), torch.randn(1, 1, 6, D, generator=g)
     yes = torch.ones(1, 1, 1, 1, dtype=torch.bool)
-    M, z = memory_update(sigma(k), v, torch.zeros(1, 1, D, D), torch.zeros(1, 1, D), ~yes, 'linear')
+    M, z = update_memory(sigma(k), v, torch.zeros(1, 1, D, D), torch.zeros(1, 1, D), ~yes, 'linear')
     q = torch.full((1, 1, 1, D), -50.0, requires_grad=True)
     out = memory_retrieve(sigma(q), M, z, yes)
     assert torch.isfinite(out).all()
@@ -255,9 +255,9 @@ def test_delta_memory_returns_a_stored_value_once_written(rule):
     g = torch.Generator().manual_seed(5)
     k, v = torch.randn(1, 1, 1, D, generator=g, dtype=F64), torch.randn(1, 1, 1, D, generator=g, dtype=F64)
     M, z = torch.zeros(1, 1, D, D, dtype=F64), torch.zeros(1, 1, D, dtype=F64)
-    M1, z1 = memory_update(sigma(k), v, M, z, torch.zeros(1, 1, 1, 1, dtype=torch.bool), rule)
+    M1, z1 = update_memory(sigma(k), v, M, z, torch.zeros(1, 1, 1, 1, dtype=torch.bool), rule)
     assert_close(memory_retrieve(sigma(k), M1, z1, torch.ones(1, 1, 1, 1, dtype=torch.bool)), v)
-    M2, _ = memory_update(sigma(k), v, M1, z1, torch.ones(1, 1, 1, 1, dtype=torch.bool), rule)
+    M2, _ = update_memory(sigma(k), v, M1, z1, torch.ones(1, 1, 1, 1, dtype=torch.bool), rule)
     if rule == 'delta':
         assert_close(M2, M1, atol=1e-12, rtol=0)
     else:
