@@ -29,9 +29,12 @@ and --name.
 --suite=code runs the code comparison (does an exact long memory read beyond its window where most can be copied?):
 config/xl_code_demo.py (SymPy's source as bytes, data/sympy/prepare.py --tokenizer=bytes; segment 128, 6,000 steps)
 without memory, with 128 and with 512 slots, read by position and by copy distance (longdoc --position=copy,
-CODE_COPY_BUCKETS); --suite=code_tokens the token demo (config/xl_demo.py) on the same code. Runs in
-out-demos-code[-tokens]; add --overrides=' --keep_checkpoints=True' to keep every evaluation's checkpoint (loss
-against steps: bench/longdoc.py --ckpt=ckpt_STEP.pt).
+CODE_COPY_BUCKETS); by name or --variants=all every other model at that setting, each trained as its paper trains it
+(config/*_code_demo.py: LaMemo, Compressive, Infini-attention linear and delta, the ∞-former with and without sticky
+memories) and the controls, each also read with its memory emptied (CODE_ABLATIONS); --suite=code_tokens the
+token demo (config/xl_demo.py) on the same code. Runs in out-demos-code[-tokens]; add
+--overrides=' --keep_checkpoints=True' to keep every evaluation's checkpoint (loss against steps: bench/longdoc.py
+--ckpt=ckpt_STEP.pt).
 """
 
 import concurrent.futures
@@ -114,10 +117,21 @@ BYTE_BUCKETS = '128,256,640,2048,8192'
 # The code suite (--suite=code): does a memory read beyond its window where there is the most to copy? SymPy's source as
 # bytes (config/xl_code_demo.py: vocabulary 256, segment 128, 8 streams, 6,000 steps), read by copy distance (bench/
 # longdoc.py --position=copy: how far back the 6-gram ending at a byte last occurred in its file) and by position.
+# Every model at that setting (config/*_code_demo.py: same size, 1,024 new bytes a step), each trained as its paper
+# trains it; the default run is the calibration (baseline, xl, xl_long), the rest run when named (or --variants=all):
 # - baseline: no memory (a byte sees at most the 127 bytes before it);
 # - xl: the byte demos' memory of 128;
 # - xl_long: a memory of 512 (a layer reads 512..639 bytes back, 4 layers up to 4 x 512 + 127): the exact long
-#   memory every other memory is placed against.
+#   memory every other memory is placed against;
+# - lamemo: LaMemo with xl's memory of 128 (what its look-ahead adds to XL's 128 slots);
+# - compressive: FIFO 128 + compressed memory 192 at c = 2, reaching 512 back as xl_long (320 slots instead of 512);
+# - infini_linear, infini_delta: Infini-attention (Eq. 4, Eq. 5) as its paper trains, 2 streams x 4 segments a step,
+#   BPTT over the 4, the memory emptied every 4 segments (512 bytes);
+# - infformer, infformer_sticky: the ∞-former, STM 128 (xl's) + an LTM of 150 RBFs, without and with sticky memories;
+# controls:
+# - compressive_no_cmem: compressive without the compressed memory (cmem_len 0: XL's model with memory 128);
+# - baseline_2x4: the baseline fed as Infini (2 streams x 4 consecutive segments a step);
+# - infini_linear_bptt1: infini_linear with 8 streams and no BPTT (bptt 1), the memory still emptied every 4 segments.
 # --suite=code_tokens is the same question at the token demos' setting (config/xl_demo.py on data/sympy: GPT-2 BPE,
 # segment 64, 1,000 steps), where XL with 512 slots first came out worse than none (lab/LOG.md, 2026-12-01).
 _CODE = 'config/xl_code_demo.py'
@@ -125,9 +139,41 @@ CODE_VARIANTS = {
     'baseline': (_CODE, ['--mem_len=0', '--eval_mem_len=0']),
     'xl': (_CODE, ['--mem_len=128', '--eval_mem_len=128']),
     'xl_long': (_CODE, []),
+    'lamemo': ('config/lamemo_code_demo.py', []),
+    'compressive': ('config/compressive_code_demo.py', []),
+    'infini_linear': ('config/infini_code_demo.py', []),
+    'infini_delta': ('config/infini_code_demo.py', ['--memory_update=delta']),
+    'infformer': ('config/infformer_code_demo.py', []),
+    'infformer_sticky': ('config/infformer_code_demo.py', ['--sticky=True']),
+    'compressive_no_cmem': ('config/compressive_code_demo.py', ['--cmem_len=0', '--recon_loss=none']),
+    'baseline_2x4': (_CODE, ['--mem_len=0', '--eval_mem_len=0', '--batch_size=2', '--bptt_segments=4']),
+    'infini_linear_bptt1': ('config/infini_code_demo.py', ['--batch_size=8', '--bptt_segments=1']),
 }
-CODE_ABLATIONS = {'xl_long_nomem': ('xl_long', ['--eval_mem_len=0']),
-                  'xl_long_at128': ('xl_long', ['--eval_mem_len=128'])}
+CODE_MODELS = ('lamemo', 'compressive', 'infini_linear', 'infini_delta', 'infformer', 'infformer_sticky')
+CODE_CONTROLS = ('compressive_no_cmem', 'baseline_2x4', 'infini_linear_bptt1')
+# besides the baseline: against xl (what each adds to XL's 128 slots), xl_long (the exact memory of 512 every other
+# is placed against) and the controls matched in data layout or model
+CODE_MATCHED = {'xl': ('xl_long', 'lamemo', 'compressive', 'infformer', 'infformer_sticky'),
+                'xl_long': ('lamemo', 'compressive', 'infini_linear', 'infini_delta', 'infformer', 'infformer_sticky'),
+                'baseline_2x4': ('infini_linear', 'infini_delta', 'infini_linear_bptt1'),
+                'compressive_no_cmem': ('compressive',)}
+# the same checkpoints with their memory emptied (bench/longdoc.py flags): --eval_mem_len=0 where the whole memory is
+# XL's (mem_len: xl, xl_long, lamemo, compressive_no_cmem); --reset_every=1 (model.reset_memory before every segment)
+# where more than mem_len holds it: compressive (its compressed memory), Infini (no mem_len), the ∞-former (the STM
+# and the LTM; mem_len 0 would still write the LTM). infini_*_as_trained: emptied every 4 segments, as in training.
+CODE_ABLATIONS = {'xl_nomem': ('xl', ['--eval_mem_len=0']),
+                  'xl_long_nomem': ('xl_long', ['--eval_mem_len=0']),
+                  'xl_long_at128': ('xl_long', ['--eval_mem_len=128']),
+                  'lamemo_nomem': ('lamemo', ['--eval_mem_len=0']),
+                  'compressive_emptied': ('compressive', ['--reset_every=1']),
+                  'compressive_no_cmem_nomem': ('compressive_no_cmem', ['--eval_mem_len=0']),
+                  'infini_linear_emptied': ('infini_linear', ['--reset_every=1']),
+                  'infini_delta_emptied': ('infini_delta', ['--reset_every=1']),
+                  'infini_linear_bptt1_emptied': ('infini_linear_bptt1', ['--reset_every=1']),
+                  'infini_linear_as_trained': ('infini_linear', ['--reset_every=-1']),
+                  'infini_delta_as_trained': ('infini_delta', ['--reset_every=-1']),
+                  'infformer_emptied': ('infformer', ['--reset_every=1']),
+                  'infformer_sticky_emptied': ('infformer_sticky', ['--reset_every=1'])}
 CODE_TOKEN_VARIANTS = {
     'baseline': ('config/xl_demo.py', ['--dataset=sympy', '--mem_len=0', '--eval_mem_len=0']),
     'xl': ('config/xl_demo.py', ['--dataset=sympy', '--mem_len=64', '--eval_mem_len=64']),
@@ -186,8 +232,8 @@ SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4
           'gpt2': Suite(GPT2_VARIANTS, (), {'gpt2_2x4': ('infini_linear', 'infini_delta')}, GPT2_ABLATIONS,
                         '64,256,1024,4096', 'out-demos-gpt2', 'gpt2', baseline='gpt2', pretrain='config/gpt2_demo.py',
                         evals=GPT2_EVALS, segment_buckets='4,16,32'),
-          'code': Suite(CODE_VARIANTS, (), {}, CODE_ABLATIONS, BYTE_BUCKETS, 'out-demos-code', 'code',
-                        copy_buckets=CODE_COPY_BUCKETS),
+          'code': Suite(CODE_VARIANTS, CODE_MODELS + CODE_CONTROLS, CODE_MATCHED, CODE_ABLATIONS, BYTE_BUCKETS,
+                        'out-demos-code', 'code', copy_buckets=CODE_COPY_BUCKETS),   # default: the calibration
           'code_tokens': Suite(CODE_TOKEN_VARIANTS, (), {}, CODE_TOKEN_ABLATIONS, '64,256,1024,4096',
                                'out-demos-code-tokens', 'code_tokens', copy_buckets=CODE_TOKEN_COPY_BUCKETS)}
 

@@ -111,12 +111,115 @@ def test_code_suites(tmp_path):
         assert demos.selected(c) == list(mems)
         parsed = {label: demos.train.parse_args([str(demos.common.REPO / config), *flags])
                   for label, (config, flags) in variants.items()}
-        assert {(t.dataset, m.seg_len, m.n_layer, t.batch_size, t.max_iters) for t, _, m, _ in parsed.values()} == {
-            (dataset, seg_len, 4, 8, steps)}
-        assert {label: (m.mem_len, t.eval_mem_len) for label, (t, _, m, _) in parsed.items()} == {
+        assert {(t.dataset, m.seg_len, m.n_layer, m.n_embd, t.batch_size * t.bptt_segments, t.max_iters,
+                 t.learning_rate, t.eval_tokens) for t, _, m, _ in parsed.values()} == {
+            (dataset, seg_len, 4, 128, 8, steps, parsed['baseline'][0].learning_rate, 32768 * seg_len // 64)}
+        assert {label: (parsed[label][2].mem_len, parsed[label][0].eval_mem_len) for label in mems} == {
             label: (mem, mem) for label, mem in mems.items()}            # each evaluated with its own memory
         for label, (variant, flags) in c.table.ablations.items():
-            assert variant in variants and flags[0].startswith('--eval_mem_len='), label
+            assert variant in variants and flags[0].startswith(('--eval_mem_len=', '--reset_every=')), label
+        for control, others in c.table.matched.items():
+            assert {control, *others} <= set(variants), control
+
+
+def test_code_suite_every_model():
+    """--suite=code's other models (named, or --variants=all), each trained as its paper trains it at the calibrated
+    setting: 1,024 new bytes a step (Infini: 2 streams x 4 segments, BPTT over them, emptied every 4), the memories
+    placed against XL's 128 and XL long's 512, the feeding and compressed-memory controls; each one's memory emptied
+    by an ablation."""
+    c = demos.DemosConfig(suite='code')
+    assert c.variants == 'baseline,xl,xl_long'                            # a default run is the calibration
+    assert set(demos.selected(demos.DemosConfig(suite='code', variants='all'))) == set(demos.CODE_VARIANTS) == {
+        'baseline', 'xl', 'xl_long', *demos.CODE_MODELS, *demos.CODE_CONTROLS}
+    p = {label: demos.train.parse_args([str(demos.common.REPO / config), *flags])
+         for label, (config, flags) in demos.CODE_VARIANTS.items()}
+    assert {label: t.model for label, (t, _, _, _) in p.items()} == {
+        'baseline': 'xl', 'xl': 'xl', 'xl_long': 'xl', 'lamemo': 'lamemo', 'compressive': 'compressive',
+        'infini_linear': 'infini', 'infini_delta': 'infini', 'infformer': 'infformer', 'infformer_sticky': 'infformer',
+        'compressive_no_cmem': 'compressive', 'baseline_2x4': 'xl', 'infini_linear_bptt1': 'infini'}
+    model = lambda label: p[label][2]
+    train_cfg = lambda label: p[label][0]
+    xl = train_cfg('xl_long')
+    for label, (t, _, m, _) in p.items():                           # the calibrated setting, but for the memory
+        assert (t.dataset, m.seg_len, m.n_layer, m.n_head, m.d_head, m.d_inner, m.dropout) == (
+            'sympy_bytes', 128, 4, 4, 32, 512, 0.1), label
+        assert t.batch_size * t.bptt_segments * m.seg_len == 1024, label
+        assert (t.max_iters, t.learning_rate, t.warmup_iters, t.min_lr, t.grad_clip, t.eval_interval, t.eval_tokens,
+                t.eval_batch_size) == (xl.max_iters, xl.learning_rate, xl.warmup_iters, xl.min_lr, xl.grad_clip,
+                                       xl.eval_interval, xl.eval_tokens, xl.eval_batch_size), label
+        if hasattr(m, 'mem_len'):
+            assert t.eval_mem_len in (-1, m.mem_len), label             # evaluated with its own memory
+    for label in ('lamemo', 'compressive', 'compressive_no_cmem', 'infformer', 'infformer_sticky'):
+        assert model(label).mem_len == model('xl').mem_len == 128, label   # XL's demo memory, not XL long's 512
+    m = model('compressive')
+    assert (m.cmem_len, m.compression_rate, m.compression, m.recon_loss) == (192, 2, 'conv', 'attention')
+    assert m.mem_len + m.cmem_len * m.compression_rate == model('xl_long').mem_len == 512   # as far back as xl_long
+    assert (model('compressive_no_cmem').cmem_len, model('compressive_no_cmem').recon_loss) == (0, 'none')
+    for label, update, streams, bptt in (('infini_linear', 'linear', 2, 4), ('infini_delta', 'delta', 2, 4),
+                                         ('infini_linear_bptt1', 'linear', 8, 1)):
+        t = train_cfg(label)
+        assert (model(label).memory_update, t.batch_size, t.bptt_segments, t.reset_every) == (
+            update, streams, bptt, 4), label                           # inputs of 4 segments, a fresh memory each
+    assert (train_cfg('baseline_2x4').batch_size, train_cfg('baseline_2x4').bptt_segments,
+            model('baseline_2x4').mem_len) == (2, 4, 0)                 # the baseline fed as Infini
+    assert (model('infformer').sticky, model('infformer_sticky').sticky) == (False, True)
+    assert (model('infformer').n_basis, model('infformer').n_samples) == (150, 150)
+    assert not set(demos.CODE_MODELS + demos.CODE_CONTROLS) & set(demos.selected(c))
+    # every model with a memory read with it emptied: mem_len 0 where XL's memory is all of it, otherwise a reset
+    # before every segment (the compressed memory, Infini's, the ∞-former's STM and LTM: test_ablations_empty_...)
+    reset = ('compressive', 'infini_linear', 'infini_delta', 'infini_linear_bptt1', 'infformer', 'infformer_sticky')
+    emptied = {variant: flags for variant, flags in demos.CODE_ABLATIONS.values() if flags != ['--reset_every=-1']
+               and flags != ['--eval_mem_len=128']}
+    assert emptied == {**{v: ['--eval_mem_len=0'] for v in ('xl', 'xl_long', 'lamemo', 'compressive_no_cmem')},
+                       **{v: ['--reset_every=1'] for v in reset}}
+    assert set(emptied) == {label for label in p if getattr(model(label), 'mem_len', 1)}   # none forgotten
+    for label, (variant, flags) in demos.CODE_ABLATIONS.items():
+        assert variant in p and (flags[0].startswith('--reset_every=') or hasattr(model(variant), 'mem_len')), label
+    assert demos.CODE_MATCHED['baseline_2x4'] == ('infini_linear', 'infini_delta', 'infini_linear_bptt1')
+    assert demos.CODE_MATCHED['compressive_no_cmem'] == ('compressive',)
+    assert set(demos.CODE_MODELS) <= {'xl', *demos.CODE_MATCHED['xl_long']} | {'xl_long'}
+
+
+def test_code_ablations_empty_every_memory():
+    """Each code ablation that empties a memory reads a document as if every segment were a document of its own (its
+    memory fresh), on tiny random models of each variant's config: the carried memory does change the losses (the
+    check is not empty), and the ∞-former's --eval_mem_len=0 would still read its LTM (so it is reset instead)."""
+    import dataclasses
+    import numpy as np
+    import torch
+    T, doc = 8, np.random.RandomState(0).randint(0, 256, 5 * 8 + 1).astype(np.int64)   # 5 segments
+    tiny = dict(n_layer=2, n_head=2, n_embd=16, d_head=8, d_inner=32, seg_len=T, vocab_size=256, mem_len=8,
+                cmem_len=4, n_basis=8, n_samples=8)                     # (those > 0 in the config: not cmem 0's)
+    read = lambda model, reset_every=0: np.concatenate(demos.longdoc.document_nll(
+        model, [doc], T, 1, 'cpu', reset_every=reset_every))
+    same_mem_len = lambda model, mem_len: module.Model(dataclasses.replace(model.config, mem_len=mem_len)).eval()
+    seen = set()
+    for label, (variant, flags) in demos.CODE_ABLATIONS.items():
+        if flags not in (['--eval_mem_len=0'], ['--reset_every=1']):
+            continue
+        config, train_flags = demos.CODE_VARIANTS[variant]
+        _, module, model_cfg, _ = train.parse_args([str(demos.common.REPO / config), *train_flags])
+        model_cfg = dataclasses.replace(model_cfg, **{k: v for k, v in tiny.items() if getattr(model_cfg, k, 0)})
+        if (repr(model_cfg), *flags) in seen:                            # e.g. xl_long's at this size is xl's
+            continue
+        seen.add((repr(model_cfg), *flags))
+        torch.manual_seed(0)
+        model = module.Model(model_cfg).eval()
+        fresh = np.concatenate([demos.longdoc.document_nll(model, [doc[a:a + T + 1]], T, 1, 'cpu')[0]
+                                for a in range(0, len(doc) - 1, T)])          # every segment a document
+        if flags == ['--reset_every=1']:
+            emptied = read(model, reset_every=1)
+        else:                                                  # bench/longdoc.py's --eval_mem_len: same weights
+            without = same_mem_len(model, 0)
+            without.load_state_dict(model.state_dict())
+            emptied = read(without)
+        assert np.abs(emptied - fresh).max() < 1e-6, label
+        assert np.abs(read(model) - fresh).max() > 1e-5, label          # the memory matters in this document
+        if model_cfg.__module__ == 'model_infformer':                    # no STM, but the LTM still read
+            stm0 = same_mem_len(model, 0)
+            stm0.load_state_dict(model.state_dict())
+            assert np.abs(read(stm0) - fresh).max() > 1e-5, label
+    assert len(seen) >= 8
 
 
 def test_finished_runs_and_summary(tmp_path):
@@ -186,6 +289,28 @@ def test_code_suite_end_to_end(tmp_path):
         buckets = result['labels']['xl_long']['buckets']
         assert buckets[-1]['bucket'] == 'first' and sum(b['tokens'] for b in buckets) == predicted
     assert (tmp_path / 'longdoc_demos_code_xl_long_nomem.json').exists()
+
+
+def test_code_suite_every_model_trains(tmp_path):
+    """Every code variant beyond the calibration trains (2 steps, tiny: TINY at 2 layers, LaMemo's least) on a toy
+    byte corpus from its suite command, in-process, and its checkpoint keeps its own feeding and memory."""
+    data = dataset(tmp_path / 'data', bytes_tokenizer())
+    c = demos.DemosConfig(suite='code', out_root=str(tmp_path / 'runs'),
+                          overrides=f'{TINY} --n_layer=2 --data_dir={data}')
+    for label in (*demos.CODE_MODELS, *demos.CODE_CONTROLS):
+        cmd = demos.command(c, label, 1)
+        train.main([str(demos.common.REPO / cmd[1]), *cmd[2:]])
+        assert demos.is_done(c, label, 1), label
+        ckpt = train.load_checkpoint(demos.run_dir(c, label, 1) / 'ckpt.pt')
+        tc, mc = ckpt['train_config'], ckpt['model_config']
+        assert (ckpt['step'], mc['n_layer'], mc['seg_len'], tc['dataset']) == (2, 2, 8, 'sympy_bytes'), label
+        if label.startswith('infini'):
+            assert (tc['bptt_segments'], tc['reset_every'], mc['memory_update']) == (
+                1 if label.endswith('bptt1') else 4, 4, 'delta' if 'delta' in label else 'linear'), label
+        else:
+            assert mc['mem_len'] == (0 if label == 'baseline_2x4' else 128), label
+        assert mc.get('cmem_len', 192) == (0 if label == 'compressive_no_cmem' else 192), label
+        assert mc.get('sticky', label == 'infformer_sticky') == (label == 'infformer_sticky'), label
 
 
 def test_matched_control(tmp_path):
