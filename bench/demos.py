@@ -35,6 +35,11 @@ memories) and the controls, each also read with its memory emptied (CODE_ABLATIO
 token demo (config/xl_demo.py) on the same code. Runs in out-demos-code[-tokens]; add
 --overrides=' --keep_checkpoints=True' to keep every evaluation's checkpoint (loss against steps: bench/longdoc.py
 --ckpt=ckpt_STEP.pt).
+
+--suite=code_gpt2 runs the GPT-2 recipe (--suite=gpt2) on code the pretraining never saw: GPT-2 pretrained on one half
+of SymPy's train files (config/gpt2_code_pretrain.py, data/sympy_pretrain/), every form fine-tuned on the other half
+(--dataset=sympy_finetune; data/sympy/prepare.py --halves=True), read by copy distance too; out-demos-code-gpt2.
+--pretrain_overrides=' ...' appends train.py flags to a suite's pretraining only (after --overrides).
 """
 
 import concurrent.futures
@@ -209,6 +214,23 @@ GPT2_MEMORIES = ('infformer', 'infformer_sticky', 'compressive', 'infini_linear'
 GPT2_EVALS = {f'{v}_emptied': (v, ['--eval_reset_memory=True']) for v in GPT2_MEMORIES}
 GPT2_ABLATIONS = {}
 
+# The GPT-2 recipe on text the pretraining never saw (--suite=code_gpt2). The gpt2 suite's fine-tune re-reads the
+# Gutenberg text its pretraining read; here GPT-2 alone is pretrained once on one half of the code corpus
+# (config/gpt2_code_pretrain.py: data/sympy_pretrain/) and every form of GPT2_VARIANTS (the control gpt2, gpt2_2x4,
+# the ∞-former with and without sticky memories, Compressive, Infini linear and delta) is fine-tuned from it on the
+# other half (--dataset=sympy_finetune), with the same steps, data and rates. The halves are disjoint by subpackage
+# (data/sympy/prepare.py --halves=True), so the fine-tune reads code the pretrained model has never seen; both
+# evaluate on the same held-out subpackages. The same evaluations (GPT2_EVALS: each memory emptied), read by position,
+# in the segment, and by copy distance (longdoc --position=copy, each form paired with gpt2), in two bucket sets:
+# - '_copy': each doubling from the segment of 64, as code_tokens;
+# - '_copy_reach': where each memory can reach behind a 64-token segment: [1,64) the window (GPT-2 alone copies
+#   there), [64,192) within Compressive's 128 tokens (64 slots x rate 2), [192,576) within the ∞-former's LTM (up to
+#   512 tokens, then emptied), [576,...) beyond every bounded memory (only Infini's, never emptied as longdoc reads a
+#   document, reaches there).
+CODE_GPT2_VARIANTS = {label: (config, ['--dataset=sympy_finetune', *flags])
+                      for label, (config, flags) in GPT2_VARIANTS.items()}
+CODE_GPT2_COPY_BUCKETS = {'_copy': '64,128,256,512,1024,4096', '_copy_reach': '64,192,576'}
+
 
 @dataclasses.dataclass(frozen=True)
 class Suite:
@@ -235,18 +257,24 @@ SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4
           'code': Suite(CODE_VARIANTS, CODE_MODELS + CODE_CONTROLS, CODE_MATCHED, CODE_ABLATIONS, BYTE_BUCKETS,
                         'out-demos-code', 'code', copy_buckets=CODE_COPY_BUCKETS),   # default: the calibration
           'code_tokens': Suite(CODE_TOKEN_VARIANTS, (), {}, CODE_TOKEN_ABLATIONS, '64,256,1024,4096',
-                               'out-demos-code-tokens', 'code_tokens', copy_buckets=CODE_TOKEN_COPY_BUCKETS)}
+                               'out-demos-code-tokens', 'code_tokens', copy_buckets=CODE_TOKEN_COPY_BUCKETS),
+          'code_gpt2': Suite(CODE_GPT2_VARIANTS, (), {'gpt2_2x4': ('infini_linear', 'infini_delta')}, GPT2_ABLATIONS,
+                             '64,256,1024,4096', 'out-demos-code-gpt2', 'code_gpt2', baseline='gpt2',
+                             pretrain='config/gpt2_code_pretrain.py', evals=GPT2_EVALS, segment_buckets='4,16,32',
+                             copy_buckets=CODE_GPT2_COPY_BUCKETS)}
 
 
 @dataclasses.dataclass
 class DemosConfig:
-    suite: str = 'tokens'             # tokens (the GPT-2-token demos), bytes, gpt2 (the recipe), code, code_tokens
+    suite: str = 'tokens'             # tokens (the GPT-2-token demos), bytes, gpt2 (the recipe), code, code_tokens,
+                                      # code_gpt2 (the recipe, pretrained and fine-tuned on disjoint halves of code)
     variants: str = ''                # labels of the suite, comma-separated ('' = all but the controls, 'all')
     seeds: str = '1,2,3'
     out_root: str = ''                # runs in OUT_ROOT/LABEL/seedS ('' = out-demos, out-demos-bytes)
     jobs: int = 2                     # runs at once
     threads: int = 0                  # threads per run; 0 = cores // jobs
     overrides: str = ''               # extra train.py flags for every run, e.g. ' --max_iters=20'
+    pretrain_overrides: str = ''      # ... and for the suite's pretraining only, after those (' --data_dir=...')
     longdoc: bool = True              # then bench/longdoc.py on the finished runs
     split: str = 'validation,test'    # longdoc's documents
     name: str = ''                    # results: demos[_NAME].json, longdoc_demos[_NAME].json ('' = suite's)
@@ -311,15 +339,20 @@ def pretrain_dir(cfg):
 def pretrain_done(cfg):
     """Has the suite's pretraining finished (its log has the evaluation at its max_iters)?"""
     record = final_eval(pretrain_dir(cfg))
-    tcfg = train.parse_args([str(common.REPO / cfg.table.pretrain), *shlex.split(cfg.overrides)])[0]
+    tcfg = train.parse_args([str(common.REPO / cfg.table.pretrain), *pretrain_overrides(cfg)])[0]
     return record is not None and record['step'] >= tcfg.max_iters
+
+
+def pretrain_overrides(cfg):
+    """The pretraining's flags after its config: --overrides, then --pretrain_overrides."""
+    return [*shlex.split(cfg.overrides), *shlex.split(cfg.pretrain_overrides)]
 
 
 def pretrain_command(cfg):
     out = pretrain_dir(cfg)
     resume = ['--init_from=resume'] if (out / 'ckpt.pt').exists() else []
     return ['train.py', cfg.table.pretrain, f'--out_dir={out}', '--always_save_checkpoint=True', *resume,
-            *shlex.split(cfg.overrides)]
+            *pretrain_overrides(cfg)]
 
 
 def command(cfg, label, seed):

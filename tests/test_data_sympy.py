@@ -274,3 +274,138 @@ def test_real_sympy_sdist_is_pypis():
     if not os.path.exists(sdist):
         pytest.skip("the real sdist is not downloaded (python data/sympy/prepare.py)")
     assert hashlib.sha256(open(sdist, "rb").read()).hexdigest() == sympy.SDIST_SHA256
+
+
+# --halves=True: the train files halved by subpackage into <out_dir>_pretrain/ and <out_dir>_finetune/
+HALF_EXTRA = {  # more train subpackages (and a top-level module), so that the greedy rule has something to balance
+    "sympy/polys/rings.py": "class Ring:\n    pass\n" * 30,                      # sympy/polys/: 960 bytes
+    "sympy/polys/tests/test_rings.py": "def test_ring():\n    assert Ring\n" * 10,
+    "sympy/printing/str.py": "def sstr(e):\n    return str(e)\n" * 20,          # sympy/printing/: 620
+    "sympy/abc.py": "from sympy import Symbol\nx = Symbol('x')\n",                # a group of its own: 41
+}
+# largest first, each to the lighter half (ties: pretrain): polys 960 -> P; printing 620 -> F; core 302 -> F (922);
+# sets_like.py 65 -> F (987); abc.py 41 -> P (1001); __init__.py 20 -> F (1007)
+HALF_GROUPS = {"pretrain": ["sympy/abc.py", "sympy/polys/"],
+               "finetune": ["sympy/__init__.py", "sympy/core/", "sympy/printing/", "sympy/sets_like.py"]}
+
+
+def raw_files(out_dir, split):
+    directory = os.path.join(out_dir, "raw", split)
+    return {n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory))}
+
+
+def doc_tokens(out_dir, split):
+    """{raw name: its tokens, end token included}: the split's documents, in the raw files' (path) order."""
+    tokens, starts = split_arrays(out_dir, split)
+    ends = list(starts[1:]) + [len(tokens)]
+    names = sorted(os.listdir(os.path.join(out_dir, "raw", split)))
+    assert len(names) == len(starts)
+    return {n: tokens[a:b].tolist() for n, a, b in zip(names, starts, ends)}
+
+
+def test_sympy_halves_disjoint_by_subpackage_greedy_and_same_held_out(tmp_path, small, capsys):
+    files = {**FILES, **HALF_EXTRA}
+    sdist = make_sdist(tmp_path / "fake.tar.gz", files)
+    plain, out = str(tmp_path / "plain"), str(tmp_path / "out")
+    sympy.main(["--sdist", sdist, "--out_dir", plain, "--num_proc", "1"])       # no flag: the full dataset only
+    assert sorted(os.listdir(tmp_path)) == ["fake.tar.gz", "plain"]
+    capsys.readouterr()
+    sympy.main(["--sdist", sdist, "--out_dir", out, "--num_proc", "1", "--halves=True"])
+    printed = capsys.readouterr().out
+    assert "out_pretrain: the train files" not in printed and "sympy_pretrain: the train files of 2 subpackages" in \
+        printed and "sympy_finetune: the train files of 4 subpackages" in printed
+    assert sorted(os.listdir(tmp_path)) == ["fake.tar.gz", "out", "out_finetune", "out_pretrain", "plain"]
+    # the full dataset is the one the flag does not make: the same bytes
+    assert {n: b for n, (b, _) in snapshot(out).items()} == {n: b for n, (b, _) in snapshot(plain).items()}
+    train = {p: t.encode() for p, t in files.items() if p in SOURCES["train"] or p in HALF_EXTRA}
+    size = {}
+    for path, data in train.items():
+        size[sympy.group_of(path)] = size.get(sympy.group_of(path), 0) + len(data)
+    halves = {h: f"{out}_{h}" for h in ("pretrain", "finetune")}
+    metas = {h: read_meta(d) for h, d in halves.items()}
+    full_meta, full_docs = read_meta(out), doc_tokens(out, "train")
+    assert {h: m["subpackages"] for h, m in metas.items()} == HALF_GROUPS
+    # every subpackage in exactly one half; the halves' files disjoint, their union the train split; each half's
+    # train files are exactly its subpackages' (file for file, byte for byte, token for token)
+    assert sorted(sum(HALF_GROUPS.values(), [])) == sorted(size)
+    names = {h: raw_files(d, "train") for h, d in halves.items()}
+    assert not set(names["pretrain"]) & set(names["finetune"])
+    assert {**names["pretrain"], **names["finetune"]} == raw_files(out, "train")
+    for h, d in halves.items():
+        assert names[h] == {sympy.raw_name(p): b for p, b in train.items() if sympy.group_of(p) in HALF_GROUPS[h]}
+        assert doc_tokens(d, "train") == {n: full_docs[n] for n in names[h]}
+    # balanced as the greedy rule says: in size order each group went to the half with fewer bytes (ties: pretrain)
+    total = {"pretrain": 0, "finetune": 0}
+    for group in sorted(size, key=lambda g: (-size[g], g)):
+        half = next(h for h, groups in HALF_GROUPS.items() if group in groups)
+        assert total[half] <= total[{"pretrain": "finetune", "finetune": "pretrain"}[half]], group
+        assert total["pretrain"] != total["finetune"] or half == "pretrain", group
+        total[half] += size[group]
+    assert total == {h: m["splits"]["train"]["bytes"] for h, m in metas.items()} == {"pretrain": 1001, "finetune": 1007}
+    # validation and test: the full dataset's, byte for byte (raw files, tokens, document offsets, counts)
+    for h, d in halves.items():
+        for split in ("validation", "test"):
+            assert raw_files(d, split) == raw_files(out, split)
+            for name in (f"{split}.bin", f"{split}_docs.npy"):
+                assert open(os.path.join(d, name), "rb").read() == open(os.path.join(out, name), "rb").read()
+            assert metas[h]["splits"][split] == full_meta["splits"][split]
+        meta = metas[h]
+        assert meta["dataset"] == f"sympy_{h}" and meta["half"] == h and meta["tokenizer"] == "gpt2"
+        assert {k: meta[k] for k in ("source", "fingerprint", "license", "held_out", "left_out")} == {
+            k: full_meta[k] for k in ("source", "fingerprint", "license", "held_out", "left_out")}
+        assert meta["splits"]["train"]["documents"] == len(names[h])
+    assert sum(m["splits"]["train"]["tokens"] for m in metas.values()) == full_meta["splits"]["train"]["tokens"]
+    # a re-run does nothing; with the full dataset already there, --halves=True makes only the halves
+    first = {d: snapshot(d) for d in (out, *halves.values())}
+    sympy.main(["--sdist", sdist, "--out_dir", out, "--halves"])
+    assert capsys.readouterr().out.count("already prepared") == 3
+    assert {d: snapshot(d) for d in first} == first
+    sympy.main(["--sdist", sdist, "--out_dir", plain, "--num_proc", "1", "--halves=True"])
+    assert capsys.readouterr().out.count("already prepared") == 1
+    for h, d in halves.items():                                         # the same bytes as made with the full one
+        assert {n: b for n, (b, _) in snapshot(f"{plain}_{h}").items()} == {n: b for n, (b, _) in snapshot(d).items()}
+
+
+def test_sympy_halves_errors(tmp_path, small, capsys):
+    out = str(tmp_path / "out")
+    one = make_sdist(tmp_path / "one.tar.gz", {p: t for p, t in FILES.items()     # every train file in sympy/core/
+                                               if p not in ("sympy/__init__.py", "sympy/sets_like.py")})
+    message = error_message(sympy.main, ["--sdist", one, "--out_dir", out, "--num_proc", "1", "--halves=True"])
+    assert "all in sympy/core/" in message and "two subpackages" in message
+    assert not os.path.exists(out + "_pretrain") and not os.path.exists(out + "_finetune")
+    for value in ("maybe", "1"):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            sympy.main([f"--halves={value}", "--out_dir", out])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "True or False" in err, err
+    sdist = make_sdist(tmp_path / "fake.tar.gz")
+    sympy.main(["--sdist", sdist, "--out_dir", out, "--num_proc", "1", "--halves=False"])
+    assert sorted(os.listdir(tmp_path)) == ["fake.tar.gz", "one.tar.gz", "out"]
+
+
+def test_real_sympy_halves():
+    """The real halves (skipped without them: python data/sympy/prepare.py --halves=True): disjoint by subpackage, their
+    union the train split, balanced within the largest subpackage, validation and test data/sympy's own."""
+    full = os.path.join(ROOT, "data", "sympy")
+    halves = {h: os.path.join(ROOT, "data", f"sympy_{h}") for h in sympy.HALVES}
+    if not all(os.path.exists(os.path.join(d, "meta.json")) for d in (full, *halves.values())):
+        pytest.skip("data/sympy_pretrain and data/sympy_finetune are not prepared "
+                    "(python data/sympy/prepare.py --halves=True)")
+    metas = {h: read_meta(d) for h, d in halves.items()}
+    train = sorted(os.listdir(os.path.join(full, "raw", "train")))
+    names = {h: sorted(os.listdir(os.path.join(d, "raw", "train"))) for h, d in halves.items()}
+    assert sorted(names["pretrain"] + names["finetune"]) == train
+    groups = {h: {sympy.group_of(n[:-len(".txt")].replace(".", "/") + ".py") for n in files}
+              for h, files in names.items()}
+    assert not groups["pretrain"] & groups["finetune"]
+    assert {h: sorted(g) for h, g in groups.items()} == {h: m["subpackages"] for h, m in metas.items()}
+    size = {}
+    for n in train:
+        group = sympy.group_of(n[:-len(".txt")].replace(".", "/") + ".py")
+        size[group] = size.get(group, 0) + os.path.getsize(os.path.join(full, "raw", "train", n))
+    assert abs(metas["pretrain"]["splits"]["train"]["bytes"] - metas["finetune"]["splits"]["train"]["bytes"]) \
+        <= max(size.values())
+    for d in halves.values():
+        for name in ("validation.bin", "validation_docs.npy", "test.bin", "test_docs.npy"):
+            assert open(os.path.join(d, name), "rb").read() == open(os.path.join(full, name), "rb").read()

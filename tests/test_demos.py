@@ -324,3 +324,100 @@ def test_matched_control(tmp_path):
     assert matched['baseline'] == 'baseline_2x4' and list(matched['labels']) == ['baseline_2x4', 'infini_linear']
     as_trained = json.loads((tmp_path / 'longdoc_demos_infini_linear_as_trained.json').read_text())
     assert [r['reset_every'] for r in as_trained['runs'].values()] == [4]   # infini_demo's inputs of 4 segments
+
+
+# the code_gpt2 suite's toy end to end: GPT-2 BPE code, the pretraining and the fine-tunes on different train texts
+CODE_A = "def area(width, height):\n    return width * height\n\n\nprint(area(3, 4))\n"
+CODE_B = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n\n"
+CODE_HELD_OUT = ("def norm(vector):\n    return sum(v * v for v in vector) ** 0.5\n" * 3,
+                 "import math\n\n\ndef angle(a, b):\n    return math.atan2(b, a)\n" * 2)
+TINY_GPT2 = ' --n_layer=1 --n_head=2 --n_embd=16 --n_positions=40'       # the pretraining's: the checkpoint fixes it
+TINY_FINETUNE = (' --seg_len=40 --batch_size=2 --max_iters=2 --eval_interval=1000 --eval_tokens=64 --eval_batch_size=2'
+                 ' --device=cpu --compile=False --log_interval=1')    # every run's (seg_len above the segment buckets)
+
+
+def code_dataset(root, train_text):
+    """A GPT-2-BPE dataset: two training documents of train_text, CODE_HELD_OUT as validation and test."""
+    from data import shards
+    from data.tokenizer import gpt2_tokenizer
+    tokenizer = gpt2_tokenizer()
+    splits = {'train': [train_text * 12, train_text * 6], 'validation': list(CODE_HELD_OUT),
+              'test': list(CODE_HELD_OUT)}
+    shards.write_dataset(str(root), splits, lambda text: shards.encode_doc(text, words=len(text.split()),
+                                                                           tokenizer=tokenizer),
+                         dataset='fixture', source='test', word_rule='split', tokenizer=tokenizer)
+    return Path(root)
+
+
+def test_code_gpt2_suite(tmp_path):
+    """--suite=code_gpt2: GPT-2 pretrained once on one half of the code (config/gpt2_code_pretrain.py,
+    sympy_pretrain), every GPT-2 form of the gpt2 suite fine-tuned from it on the other half (sympy_finetune) with the
+    same flags otherwise, the same evaluations, copy-distance buckets within the forms' reach; --pretrain_overrides
+    reach the pretraining only."""
+    c = demos.DemosConfig(suite='code_gpt2', out_root=str(tmp_path / 'runs'), overrides=' --max_iters=5',
+                          pretrain_overrides=' --max_iters=7 --data_dir=pre')
+    assert (c.name, c.out_root, c.table.baseline) == ('code_gpt2', str(tmp_path / 'runs'), 'gpt2')
+    assert demos.DemosConfig(suite='code_gpt2').out_root == 'out-demos-code-gpt2'
+    assert c.variants.split(',') == list(demos.GPT2_VARIANTS)
+    assert demos.pretrain_command(c) == ['train.py', 'config/gpt2_code_pretrain.py',
+                                         f'--out_dir={tmp_path}/runs/pretrain', '--always_save_checkpoint=True',
+                                         '--max_iters=5', '--max_iters=7', '--data_dir=pre']   # its own flags last
+    fake_log(tmp_path / 'runs' / 'pretrain', [(5, 6.0)])
+    assert not demos.pretrain_done(c)                                    # its max_iters is pretrain_overrides' 7
+    gpt2 = demos.SUITES['gpt2']
+    for label, (config, flags) in demos.CODE_GPT2_VARIANTS.items():      # the gpt2 suite's, reading the other half
+        assert (config, flags) == (gpt2.variants[label][0], ['--dataset=sympy_finetune', *gpt2.variants[label][1]])
+        cmd = demos.command(c, label, 1)
+        assert f'--init_from=gpt2:{tmp_path}/runs/pretrain' in cmd and '--data_dir=pre' not in cmd
+        t, _, m, _ = demos.train.parse_args([str(demos.common.REPO / config), *flags])
+        assert t.dataset == 'sympy_finetune' and m.seg_len == 64, label
+    suite = c.table
+    assert (suite.evals, suite.matched, suite.buckets, suite.segment_buckets) == (
+        gpt2.evals, gpt2.matched, gpt2.buckets, gpt2.segment_buckets)
+    pre, _, pre_model, _ = demos.train.parse_args([str(demos.common.REPO / suite.pretrain)])
+    gpt2_demo, _, gpt2_model, _ = demos.train.parse_args([str(demos.common.REPO / 'config' / 'gpt2_demo.py')])
+    assert (pre.model, pre.dataset) == ('gpt2', 'sympy_pretrain')
+    assert pre_model == gpt2_model                                       # the demo's size, for now
+    assert (pre.max_iters, pre.batch_size, pre.learning_rate) == (gpt2_demo.max_iters, gpt2_demo.batch_size,
+                                                                  gpt2_demo.learning_rate)
+    # the reach buckets: the window, then Compressive's, the ∞-former's and beyond, for each form's memory
+    comp = demos.train.parse_args([str(demos.common.REPO / 'config/compressive_gpt2_demo.py')])[2]
+    inf = demos.train.parse_args([str(demos.common.REPO / 'config/infformer_gpt2_demo.py')])[2]
+    seg = pre_model.seg_len
+    assert suite.copy_buckets['_copy_reach'] == ','.join(map(str, (
+        seg, seg + comp.mem_len + comp.cmem_len * comp.compression_rate, seg + inf.ltm_reset_len)))
+    assert suite.copy_buckets['_copy'].split(',')[0] == str(seg)
+
+
+def test_code_gpt2_end_to_end(tmp_path):
+    """--suite=code_gpt2 on toy code: a tiny pretraining on one toy corpus (--pretrain_overrides' --data_dir), GPT-2
+    alone and the ∞-former fine-tuned from it on another, then the summary (the pretrained model evaluated as the
+    control, the ∞-former with its memory emptied) and longdoc by position, in the segment and by copy distance."""
+    pre, fine = code_dataset(tmp_path / 'pre', CODE_A), code_dataset(tmp_path / 'fine', CODE_B)
+    runs = tmp_path / 'runs'
+    demos.main(['--suite=code_gpt2', '--variants=gpt2,infformer', '--seeds=1', f'--out_root={runs}', '--jobs=2',
+                f'--overrides={TINY_FINETUNE} --data_dir={fine}', f'--pretrain_overrides={TINY_GPT2} --data_dir={pre}',
+                f'--results={tmp_path}', '--split=validation'])
+    pretrain = train.load_checkpoint(runs / 'pretrain' / 'ckpt.pt')
+    assert pretrain['train_config']['data_dir'] == str(pre) and pretrain['model_config']['n_embd'] == 16
+    for label in ('gpt2', 'infformer'):
+        ckpt = train.load_checkpoint(runs / label / 'seed1' / 'ckpt.pt')
+        t = ckpt['train_config']
+        assert (t['data_dir'], t['dataset'], t['init_from']) == (str(fine), 'sympy_finetune', f'gpt2:{runs}/pretrain')
+        assert ckpt['step'] == 2 and ckpt['model_config']['n_embd'] == 16
+    result = json.loads((tmp_path / 'demos_code_gpt2.json').read_text())
+    assert sorted(result['runs']) == ['gpt2', 'infformer']
+    assert all(len(r['seeds']) == 1 for r in result['runs'].values())
+    assert result['pretrained']['validation/loss'] > 0 and 'gpt2_finetune_demo.py' in result['pretrained']['command']
+    assert list(result['evals']) == ['infformer_emptied'] and result['evals']['infformer_emptied']['mean'] > 0
+    by_position = json.loads((tmp_path / 'longdoc_demos_code_gpt2.json').read_text())
+    assert by_position['baseline'] == 'gpt2' and list(by_position['labels']) == ['gpt2', 'infformer']
+    assert json.loads((tmp_path / 'longdoc_demos_code_gpt2_segment.json').read_text())['position'] == 'segment'
+    predicted = sum(b['tokens'] for b in by_position['labels']['gpt2']['buckets'])
+    for name, edges in demos.CODE_GPT2_COPY_BUCKETS.items():
+        copy = json.loads((tmp_path / f'longdoc_demos_code_gpt2{name}.json').read_text())
+        assert copy['position'] == 'copy' and copy['baseline'] == 'gpt2' and list(copy['labels']) == [
+            'gpt2', 'infformer'] and copy['bucket_edges'] == [int(e) for e in edges.split(',')]
+        buckets = copy['labels']['infformer']['buckets']
+        assert buckets[-1]['bucket'] == 'first' and sum(b['tokens'] for b in buckets) == predicted
+        assert buckets[0]['tokens'] > 0                                  # the toy code repeats within the window

