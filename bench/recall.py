@@ -59,6 +59,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+from configurator import RENAMED_FLAGS  # noqa: E402
 
 # The recall size: small enough to train in minutes per model on one CPU core.
 # init_std 0.1 at n_embd 64 (recall_size scales it as 1/sqrt(n_embd)) instead of the LM default 0.02: at d_model 64
@@ -411,6 +412,8 @@ def model_fields(spec, size, cfg):
     for key, value in common.override_items(cfg.overrides):
         if key in known:
             fields[key] = value                               # a string, parsed by train.py as its flags are
+        elif key in RENAMED_FLAGS:
+            raise common.train.UserError(f"--overrides: {key} was renamed {RENAMED_FLAGS[key]}")
         elif key not in TRAIN_FIELDS:
             raise common.train.UserError(f"--overrides: {key!r} is neither a field of model_{name}.py's Config "
                                          f"nor a train.py flag")

@@ -313,6 +313,8 @@ def test_overrides_pass_train_flags_to_train_py():
     assert recall.train_overrides(cfg) == ['--reset_every=16']
     with pytest.raises(common.train.UserError, match='neither'):
         recall.model_fields(TINY_VARIANTS['xl'], {}, recall.RecallConfig(overrides='no_such_flag=1'))
+    with pytest.raises(common.train.UserError, match='ltm_lr_multiplier was renamed ltm_lr_mult'):
+        recall.model_fields(TINY_VARIANTS['xl'], {}, recall.RecallConfig(overrides='ltm_lr_multiplier=5'))
     with pytest.raises(ValueError, match='--bptt_segments'):
         recall.RecallConfig(overrides='bptt_segments=4')
     assert recall.train_steps(recall.RecallConfig(tokens=64 * 16 * 100, bptt_segments=4)) == 25
