@@ -41,6 +41,9 @@ def load_split(data_dir, split):
     if not path.exists():
         name = Path(data_dir).name
         base, flag = (name[:-len('_bytes')], ' --tokenizer=bytes') if name.endswith('_bytes') else (name, '')
+        for half in ('_pretrain', '_finetune'):                 # data/sympy/prepare.py --halves=True writes these
+            if base.endswith(half) and (REPO / 'data' / base[:-len(half)] / 'prepare.py').exists():
+                base, flag = base[:-len(half)], ' --halves=True'
         prepare = REPO / 'data' / base / 'prepare.py'
         if prepare.exists():
             raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}{flag}` first")

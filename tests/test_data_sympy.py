@@ -233,7 +233,9 @@ def test_sympy_script_error_has_no_traceback(tmp_path):
 
 def test_missing_sympy_data_names_its_command(tmp_path):
     for name, command in [("sympy", "python data/sympy/prepare.py`"),
-                          ("sympy_bytes", "python data/sympy/prepare.py --tokenizer=bytes`")]:
+                          ("sympy_bytes", "python data/sympy/prepare.py --tokenizer=bytes`"),
+                          ("sympy_pretrain", "python data/sympy/prepare.py --halves=True`"),
+                          ("sympy_finetune", "python data/sympy/prepare.py --halves=True`")]:
         with pytest.raises(loader.UserError, match="no data at") as e:
             loader.load_split(tmp_path / name, "train")
         assert command in str(e.value)
