@@ -6,6 +6,7 @@ and the README's size. Pure Python: reads README.md and the JSONs, no torch.
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -257,9 +258,11 @@ def test_readme_size():
 def test_torch_index():
     """Without a GPU, `make install` takes torch from PyTorch's CPU index (PyPI's Linux torch is the CUDA build);
     TORCH_INDEX= (as .ci/run, whose machine serves the CPU wheel itself) takes pip's own index."""
-    def dry(*args):
+    env = {k: v for k, v in os.environ.items() if k not in ('TORCH_INDEX', 'MAKEFLAGS', 'MFLAGS', 'MAKELEVEL')}
+
+    def dry(*args):                     # as a user's shell runs it (under .ci/run, TORCH_INDEX= is exported)
         cmd = ['make', '-n', '-s', 'install', 'PYTHON=python3', *args]
-        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, timeout=30).stdout
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=30).stdout
     assert '--index-url https://download.pytorch.org/whl/cpu' in dry()
     assert '--index-url' not in dry('TORCH_INDEX=') and 'torch==2.13.0' in dry('TORCH_INDEX=')
     ci = (ROOT / '.ci' / 'run').read_text()
