@@ -530,6 +530,11 @@ def main(argv=None):
                     print(f"{label} - {variant} (same weights, nats):",
                           '  '.join(f"{r['bucket']} {longdoc.fmt(r['diff_nll'], '.4f', True)} +- "
                                     f"{longdoc.fmt(r['diff_nll_se'])}" for r in rows))
+                    for name, buckets in (cfg.table.copy_buckets or {}).items():   # the same, by copy distance
+                        longdoc_to(f'_{label}{name}', [f"{label}:{','.join(done[variant])}"], *flags,
+                                   '--position=copy', buckets=buckets)
+                        same_weights(results / f'longdoc_demos{suffix}_{label}{name}.json',
+                                     results / f'longdoc_demos{suffix}{name}.json')
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

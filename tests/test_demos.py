@@ -288,7 +288,10 @@ def test_code_suite_end_to_end(tmp_path):
             'baseline', 'xl_long'] and result['bucket_edges'] == [int(e) for e in edges.split(',')]
         buckets = result['labels']['xl_long']['buckets']
         assert buckets[-1]['bucket'] == 'first' and sum(b['tokens'] for b in buckets) == predicted
-    assert (tmp_path / 'longdoc_demos_code_xl_long_nomem.json').exists()
+    for name in ('', *demos.CODE_COPY_BUCKETS):                      # the memory emptied, by position and copy distance
+        nomem = json.loads((tmp_path / f'longdoc_demos_code_xl_long_nomem{name}.json').read_text())
+        assert len(nomem['vs_as_trained']) == len(nomem['bucket_names']) and all(
+            r['mem_len'] == 0 for r in nomem['runs'].values())
 
 
 def test_code_suite_every_model_trains(tmp_path):
