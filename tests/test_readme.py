@@ -190,6 +190,74 @@ def gpt2_mismatches(text):
     return errors
 
 
+# "Memory on code": row label -> (the run in demos_code.json, the longdoc label, the ablation JSON's name or None)
+CODE_ROWS = {
+    'no memory': ('baseline', 'baseline', None),
+    'XL long, 512 slots': ('xl_long', 'xl_long', None),
+    'its weights, 128 slots': (None, 'xl_long_at128', 'xl_long_at128'),
+}
+CODE_HEADER = 'XL long against none (share of the bytes)'
+
+
+def paired_bits(base, other, label):
+    """label's bits per byte minus the baseline's per bucket, paired by file, ± s.e. across files (from the
+    per-file sums; an ablation's JSON holds its own label only). -> {bucket: (diff, se)}"""
+    import math
+    import numpy as np
+
+    def sums(result, lab):
+        return np.mean([result['runs'][r]['doc_nll_sums'] for r in result['labels'][lab]['runs']], axis=0)
+    N, Y = np.array(base['doc_tokens']), np.array(base['doc_bytes'])
+    D = (sums(other, label) - sums(base, 'baseline')) / math.log(2)
+    out = {}
+    for k, name in enumerate(base['bucket_names']):
+        m = N[:, k] > 0
+        d, w = D[m, k], Y[m, k]
+        R = d.sum() / w.sum()
+        out[name] = (R, math.sqrt(m.sum() / (m.sum() - 1) * ((d - R * w) ** 2).sum()) / w.sum())
+    return out
+
+
+def code_mismatches(text):
+    """The code calibration's table: validation loss (demos_code.json), the share of the bytes in each copy-distance
+    bucket and each Δ bits per byte ± s.e. (longdoc_demos_code_copy_reach.json and its ablations)."""
+    errors = []
+    header, rows = table(text, CODE_HEADER)
+    if header is None:
+        return [f'the code table (header "| {CODE_HEADER} |") is not in the README']
+    runs, copy = load('demos_code.json')['runs'], load('longdoc_demos_code_copy_reach.json')
+    buckets = {}
+    for head in header[2:]:
+        name, share = head.rsplit(' ', 1)
+        row = next((b for b in copy['labels']['baseline']['buckets'] if b['bucket'] == name), None)
+        if row is None:
+            errors.append(f'code table: no bucket {name!r} in longdoc_demos_code_copy_reach.json')
+            continue
+        buckets[head] = name
+        if not same(share.rstrip('%'), 100 * row['share']):
+            errors.append(f'code table: {head!r}, the JSON has {100 * row["share"]:.2f}%')
+    seen = set()
+    for cells in rows:
+        label = cells[0]
+        if label not in CODE_ROWS:
+            errors.append(f'code table: row {label!r} is not in tests/test_readme.py CODE_ROWS')
+            continue
+        seen.add(label)
+        run, key, ablation = CODE_ROWS[label]
+        other = load(f'longdoc_demos_code_{ablation}_copy_reach.json') if ablation else copy
+        paired = paired_bits(copy, other, key)
+        if run is not None:
+            check_cell(errors, f'code table, {label!r}, validation', cells[1], runs[run]['mean'])
+        elif cells[1]:
+            errors.append(f'code table, {label!r}: a validation loss where the JSON has none')
+        for head, cell in zip(header[2:], cells[2:]):
+            if head in buckets:
+                diff, se = paired[buckets[head]]
+                check_cell(errors, f'code table, {label!r}, {head!r}', cell, diff, se if key != 'baseline' else None)
+    errors += [f'code table: row {label!r} is missing' for label in CODE_ROWS if label not in seen]
+    return errors
+
+
 def prose_mismatches(text):
     """Each 'x.xxxx ± y.yyyy' of the demos' prose (outside tables) is some demos.json run's mean ± std."""
     section = text.partition('## Results:')[2].partition('\n## ')[0]
@@ -203,7 +271,7 @@ def prose_mismatches(text):
 
 
 def mismatches(text):
-    return demos_mismatches(text) + gpt2_mismatches(text) + prose_mismatches(text)
+    return demos_mismatches(text) + gpt2_mismatches(text) + code_mismatches(text) + prose_mismatches(text)
 
 
 README = (ROOT / 'README.md').read_text()
@@ -218,6 +286,7 @@ def test_readme_tables_are_read():
     """The parser reads every row of both tables (a table it missed would check nothing)."""
     assert len(table(README, 'model (its demo config)')[1]) == len(DEMOS_ROWS)
     assert len(table(README, 'fine-tuned from the pretrained GPT-2')[1]) == len(GPT2_ROWS)
+    assert len(table(README, CODE_HEADER)[1]) == len(CODE_ROWS)
 
 
 def perturb(old, new):
@@ -236,6 +305,10 @@ def perturb(old, new):
     ('| −0.135 ± 0.010 |', '| −0.135 ± 0.011 |'),                                                       # segment start
     ('the pretrained model: **5.5612**', 'the pretrained model: **5.5613**'),
     ('(5.4229 ± 0.0168)', '(5.4229 ± 0.0167)'),                                                         # the prose
+    ('| 1.2770 | −0.250 ± 0.014 |', '| 1.2771 | −0.250 ± 0.014 |'),                                    # code: a loss
+    ('| −0.180 ± 0.013 |', '| −0.181 ± 0.013 |'),                                                       # code: a Δ
+    ('| −0.130 ± 0.012 |', '| −0.130 ± 0.013 |'),                                                       # the ablation
+    ('[128,640) 15% |', '[128,640) 16% |'),                                                             # a share
     ('| control: Compressive, no compressed memory | 5.423 ± 0.017 | −0.029 | −0.041 ± 0.011 | −0.041 ± 0.013 |\n',
      ''),                                                                                               # a row gone
 ])
