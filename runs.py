@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import typing
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from configurator import UserError, available_models, import_model, renamed_fields
+from configurator import RENAMED_FLAGS, UserError, available_models, import_model, renamed_fields
 
 CKPT_FORMAT = 'nanomem-checkpoint-1'
 MODEL_KEYS = ('model_name', 'model_config', 'model')                   # enough to rebuild the model (sample.py)
@@ -156,7 +157,9 @@ def load_checkpoint(path, device='cpu', keys=MODEL_KEYS):
         raise UserError(f"{path} was made by model_xl.py {made}, before LaMemo had its own file; {redo}, or load "
                         f"it with nanomem at commit {LAST_LAMEMO_IN_XL}")
     if isinstance(config, dict):
-        ckpt['model_config'] = renamed_fields(config)             # written before a field was renamed
+        for name in sorted(set(config) & set(RENAMED_FLAGS)):    # written before a field was renamed: say so, in a line
+            print(f"note: {path}: {name} was renamed {RENAMED_FLAGS[name]} (read under the new name)", file=sys.stderr)
+        ckpt['model_config'] = renamed_fields(config)
     return ckpt
 
 

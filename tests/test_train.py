@@ -225,9 +225,9 @@ def test_checkpoint_with_use_sdpa_loads_with_the_attn_kernel_it_meant(trained):
         assert_identical(model.state_dict(), ckpt['model'])
 
 
-def test_checkpoint_with_a_renamed_field_loads_it_under_the_new_name(tmp_path):
+def test_checkpoint_with_a_renamed_field_loads_it_under_the_new_name(tmp_path, capsys):
     """A checkpoint written before ltm_lr_multiplier became ltm_lr_mult (configurator.RENAMED_FLAGS) loads, with
-    its value under the new name."""
+    its value under the new name, and one line says so (a checkpoint cannot be edited: an error would strand it)."""
     module = train.import_model('infformer_gpt2')
     fields = {k: v for k, v in TINY_MODELS['infformer_gpt2'].items() if k != 'model'}
     model = module.Model(module.Config(**fields, ltm_lr_mult=3.0))
@@ -236,6 +236,8 @@ def test_checkpoint_with_a_renamed_field_loads_it_under_the_new_name(tmp_path):
                 'model': model.state_dict()}, tmp_path / 'ckpt.pt')
     ckpt = train.load_checkpoint(tmp_path / 'ckpt.pt')
     assert 'ltm_lr_multiplier' not in ckpt['model_config'] and ckpt['model_config']['ltm_lr_mult'] == 3.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'ltm_lr_multiplier was renamed ltm_lr_mult' in err[0]
     _, config, loaded = train.model_from_checkpoint(ckpt, tmp_path / 'ckpt.pt')
     assert config.ltm_lr_mult == 3.0 and set(loaded.lr_multipliers().values()) == {3.0}
     assert_identical(loaded.state_dict(), model.state_dict())
