@@ -247,13 +247,17 @@ def code_mismatches(text):
         other = load(f'longdoc_demos_code_{ablation}_copy_reach.json') if ablation else copy
         paired = paired_bits(copy, other, key)
         if run is not None:
-            check_cell(errors, f'code table, {label!r}, validation', cells[1], runs[run]['mean'])
+            check_cell(errors, f'code table, {label!r}, validation', cells[1], runs[run]['mean'], runs[run]['std'])
         elif cells[1]:
             errors.append(f'code table, {label!r}: a validation loss where the JSON has none')
         for head, cell in zip(header[2:], cells[2:]):
-            if head in buckets:
-                diff, se = paired[buckets[head]]
-                check_cell(errors, f'code table, {label!r}, {head!r}', cell, diff, se if key != 'baseline' else None)
+            if head not in buckets:
+                continue
+            diff, se = paired[buckets[head]]        # an ablation: ± s.e. across files
+            if not ablation:                        # a label of the comparison: ± its s.e. over files and seeds
+                row = next(b for b in copy['labels'][key]['buckets'] if b['bucket'] == buckets[head])
+                diff, se = row['diff_bpc'], row['diff_bpc_se_total']
+            check_cell(errors, f'code table, {label!r}, {head!r}', cell, diff, se if key != 'baseline' else None)
     errors += [f'code table: row {label!r} is missing' for label in CODE_ROWS if label not in seen]
     return errors
 
