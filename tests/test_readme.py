@@ -1,8 +1,8 @@
 """
-The README's headline numbers against bench/results: every cell of its two results tables (the CPU demos and "Start
-from GPT-2"), each validation loss mean ± std and each Δ ± s.e., rounded as printed, and the prose's mean ± std
+The README's headline numbers against bench/results: every cell of its results tables (the CPU demos, "Memory on
+code" and "Start from GPT-2"), each validation loss mean ± std and each Δ ± s.e., rounded as printed, and the prose's mean ± std
 figures; a perturbed README fails. Also the install's torch index (the Makefile's TORCH_INDEX, .ci/run's override)
-and the README's size. Pure Python: reads README.md and the JSONs, no torch.
+and the README's size. Reads README.md and the JSONs (the code table's ablation with bench/longdoc.py).
 """
 
 import json
@@ -201,21 +201,19 @@ CODE_HEADER = 'XL long against none (share of the bytes)'
 
 def paired_bits(base, other, label):
     """label's bits per byte minus the baseline's per bucket, paired by file, ± s.e. across files (from the
-    per-file sums; an ablation's JSON holds its own label only). -> {bucket: (diff, se)}"""
+    per-file sums, with bench/longdoc.py's ratio_stats; an ablation's JSON holds its own label only).
+    -> {bucket: (diff, se)}"""
     import math
+    import sys
     import numpy as np
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import longdoc
 
     def sums(result, lab):
         return np.mean([result['runs'][r]['doc_nll_sums'] for r in result['labels'][lab]['runs']], axis=0)
     N, Y = np.array(base['doc_tokens']), np.array(base['doc_bytes'])
-    D = (sums(other, label) - sums(base, 'baseline')) / math.log(2)
-    out = {}
-    for k, name in enumerate(base['bucket_names']):
-        m = N[:, k] > 0
-        d, w = D[m, k], Y[m, k]
-        R = d.sum() / w.sum()
-        out[name] = (R, math.sqrt(m.sum() / (m.sum() - 1) * ((d - R * w) ** 2).sum()) / w.sum())
-    return out
+    means, ses = longdoc.ratio_stats((sums(other, label) - sums(base, 'baseline')) / math.log(2), Y, N > 0)
+    return dict(zip(base['bucket_names'], zip(means, ses)))
 
 
 def code_mismatches(text):
