@@ -29,11 +29,12 @@ inputs of k segments); -1 takes each run's own training value.
 sums it kept (doc_nll_sums): checkpoints that are gone can still be compared with, as long as the same documents are
 read into the same buckets (checked against its doc_tokens, doc_bytes, bucket_edges, position and copy_ngram).
 
-Buckets of position (--buckets=64,256,1024,4096 -> [0,64) [64,256) [256,1024) [1024,4096) [4096,end)). Per run,
-per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all documents; and where
-meta.json names the tokenizer, bits per character (bpc; bits per byte, bpb, on GPT-2 tokens): total bits / total
-bytes of text the predicted tokens spell (end-of-document tokens spell 0 bytes); share: the bucket's fraction of
-all predicted tokens. --position=segment buckets by the index in its segment of the input that predicts the token.
+Buckets of position (--buckets=64,256,1024,4096, the default -> [0,64) [64,256) [256,1024) [1024,4096)
+[4096,end)). Per run, per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all
+documents; and where meta.json names the tokenizer, bits per character (bpc; bits per byte, bpb, on GPT-2 tokens):
+total bits / total bytes of text the predicted tokens spell (end-of-document tokens spell 0 bytes); share: the
+bucket's fraction of all predicted tokens. --position=segment buckets by the index in its segment of the input that
+predicts the token.
 
 Loss by copy distance (--position=copy). What a long memory can buy is concentrated on the tokens that could be
 copied from far back in the document (rare names, repeated phrases: Memorizing Transformers, Wu et al. 2022; Sun et
@@ -44,7 +45,7 @@ in the document) with tokens q-n+1 ... q the same. A model that sees that far ba
 follows an earlier occurrence of p's (n-1)-token context. Only the document's own earlier text counts (the memory is
 emptied at each document start). Tokens whose n-gram never occurred before (or p < n - 1) are the last bucket,
 'first'. --copy_ngram=n, 0 = by meta.json's tokenizer: 2 (a bigram) on GPT-2 tokens (and on data naming none), 6 on
-bytes and characters. Buckets [1,e1) [e1,e2) ... [e_last,end) and first; --buckets left at its default reads as
+bytes and characters. Buckets [1,e1) [e1,e2) ... [e_last,end) and first; --buckets left empty reads as
 64,128,256,512,1024,4096 here. The per-token NLLs are those of the cache below (nothing is read again).
 
 Standard errors. The tokens of one document are correlated (same text, same author, same names), so the token
@@ -98,7 +99,8 @@ import common  # noqa: E402
 from common import train  # noqa: E402
 
 SPLITS = ('train', 'validation', 'test')
-COPY_BUCKETS = '64,128,256,512,1024,4096'   # the bucket edges by copy distance where --buckets is left at its default
+DOCUMENT_BUCKETS = '64,256,1024,4096'       # the bucket edges where --buckets is left empty: by position
+COPY_BUCKETS = '64,128,256,512,1024,4096'   # ... and by copy distance
 COPY_NGRAM = {'gpt2': 2, 'bytes': 6, 'chars': 6}   # --copy_ngram=0: n by the data's tokenizer (none named: GPT-2's)
 
 
@@ -109,8 +111,7 @@ class LongDocConfig:
     ckpt: str = 'ckpt.pt'             # the checkpoint file inside an out_dir
     split: str = 'validation'         # validation, test, or validation,test (the documents of both)
     data_dir: str = ''                # '' = the data the checkpoints were trained on
-    buckets: str = '64,256,1024,4096'  # bucket edges of the position in the document (by copy distance, this
-                                      # default reads as COPY_BUCKETS)
+    buckets: str = ''                 # bucket edges; '' = DOCUMENT_BUCKETS (by copy distance COPY_BUCKETS)
     position: str = 'document'        # what the buckets count: the position in the document, (segment) the index
                                       # of the predicted token's input in its segment, 0 ... seg_len - 1, or (copy)
                                       # the copy distance, plus a last bucket 'first' (see the docstring)
@@ -153,9 +154,8 @@ class LongDocConfig:
                 raise ValueError(f"split must be validation, test (or train), comma-separated, got {self.split!r}")
 
     def bucket_edges(self):
-        """The bucket edges: --buckets, or COPY_BUCKETS by copy distance where --buckets is left at its default."""
-        default = self.buckets == LongDocConfig.buckets and self.position == 'copy'
-        return parse_buckets(COPY_BUCKETS if default else self.buckets)
+        """The bucket edges: --buckets, or where it is empty DOCUMENT_BUCKETS (COPY_BUCKETS by copy distance)."""
+        return parse_buckets(self.buckets or (COPY_BUCKETS if self.position == 'copy' else DOCUMENT_BUCKETS))
 
     def out_path(self):
         if self.out:
@@ -631,8 +631,8 @@ def evaluate(cfg, labels, device, device_type, dtype):
                                     train.autocast_context(device_type, dtype), progress, reset_every)
                 write_cache(cache, nlls)
             if cfg.position == 'segment' and edges and edges[-1] >= config.seg_len:
-                raise train.UserError(f"--buckets={cfg.buckets}: by position in the segment every edge must be below "
-                                      f"seg_len ({config.seg_len} in {path})")
+                raise train.UserError(f"--buckets={','.join(map(str, edges))}: by position in the segment every "
+                                      f"edge must be below seg_len ({config.seg_len} in {path})")
             if cfg.position == 'copy' and distances is None:     # once: every run reads the same documents
                 n = copy_ngram(cfg.copy_ngram, docs.tokenizer)
                 distances = [copy_distances(t, n) for t in docs.tokens]

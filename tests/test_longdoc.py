@@ -252,6 +252,13 @@ def test_a_repeated_block_is_copied_from_its_distance(n):
     assert (dist(s1, s1 + len(block)) == 0).all()
 
 
+def test_buckets_left_empty_read_by_position_and_explicit_ones_as_given():
+    edges = lambda **k: longdoc.LongDocConfig(**k).bucket_edges()
+    assert edges() == [64, 256, 1024, 4096]
+    assert edges(position='copy') == [64, 128, 256, 512, 1024, 4096]
+    assert edges(position='copy', buckets='64,256,1024,4096') == [64, 256, 1024, 4096]   # the position default, named
+
+
 def test_bucket_sums_by_copy_distance_are_the_brute_force_ones():
     rng = np.random.default_rng(2)
     docs = [rng.integers(0, 4, n) for n in (1, 2, 30, 61, 9)]
