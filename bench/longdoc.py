@@ -111,7 +111,7 @@ class LongDocConfig:
     ckpt: str = 'ckpt.pt'             # the checkpoint file inside an out_dir
     split: str = 'validation'         # validation, test, or validation,test (the documents of both)
     data_dir: str = ''                # '' = the data the checkpoints were trained on
-    buckets: str = ''                 # bucket edges; '' = DOCUMENT_BUCKETS (by copy distance COPY_BUCKETS)
+    buckets: str = ''                 # bucket edges; '' = 64,256,1024,4096 (by copy distance 64,128,...,4096)
     position: str = 'document'        # what the buckets count: the position in the document, (segment) the index
                                       # of the predicted token's input in its segment, 0 ... seg_len - 1, or (copy)
                                       # the copy distance, plus a last bucket 'first' (see the docstring)
