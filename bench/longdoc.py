@@ -681,7 +681,7 @@ def write_cache(cache, nlls):
 
 
 def read_reused(path, labels):
-    """--reuse: an earlier result of this script (its labels must not be those of --runs)."""
+    """--reuse: an earlier result of this script (its labels and runs must not be those of --runs)."""
     try:
         old = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -692,6 +692,10 @@ def read_reused(path, labels):
     twice = sorted(set(old['labels']) & set(labels))
     if twice:
         raise train.UserError(f"--reuse={path}: the label {twice[0]!r} is also in --runs")
+    read_here = set(old['runs']) & {common.relative_paths(str(run)) for runs in labels.values() for run in runs}
+    if read_here:          # a result knows a run by its path: one reading of it (its eval_mem_len, resets may differ)
+        raise train.UserError(f"--reuse={path}: the run {sorted(read_here)[0]} is also in --runs; compare two "
+                              f"readings of a checkpoint from two results (as bench/demos.py's same_weights does)")
     return old
 
 

@@ -434,6 +434,9 @@ def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_pat
                                                               f'--out={tmp_path}/x.json'] + common[1:])
     assert "'base' is also in --runs" in error_of(capsys, [base, f'--reuse={tmp_path}/base.json',
                                                            f'--out={tmp_path}/x.json'] + common)
+    again = f"--runs=again:{','.join(map(str, out['base']))}"   # the same checkpoints under another label
+    assert 'is also in --runs; compare' in error_of(capsys, [again, '--eval_mem_len=8', f'--reuse={tmp_path}/base.json',
+                                                    f'--out={tmp_path}/x.json'] + common)
     (tmp_path / 'other.json').write_text('{"labels": {}}')
     assert "not a longdoc result (no 'runs')" in error_of(capsys, [xl, f'--reuse={tmp_path}/other.json',
                                                                    f'--out={tmp_path}/x.json'] + common)
