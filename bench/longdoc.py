@@ -27,7 +27,9 @@ segments k, 2k, ... of every document, as train.py's reset_every does in trainin
 inputs of k segments); -1 takes each run's own training value.
 --reuse=EARLIER.json adds the labels of an earlier result of this script to the comparison, from the per-document
 sums it kept (doc_nll_sums): checkpoints that are gone can still be compared with, as long as the same documents are
-read into the same buckets (checked against its doc_tokens, doc_bytes, bucket_edges, position and copy_ngram).
+read into the same buckets (checked against its doc_tokens, doc_bytes, bucket_edges, position and copy_ngram). A
+checkpoint read here and in the earlier result (with another --eval_mem_len, say) keeps both readings, the earlier
+named 'RUN (LABEL)'.
 
 Buckets of position (--buckets=64,256,1024,4096, the default -> [0,64) [64,256) [256,1024) [1024,4096)
 [4096,end)). Per run, per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all
@@ -681,7 +683,7 @@ def write_cache(cache, nlls):
 
 
 def read_reused(path, labels):
-    """--reuse: an earlier result of this script (its labels and runs must not be those of --runs)."""
+    """--reuse: an earlier result of this script (its labels must not be those of --runs)."""
     try:
         old = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -692,10 +694,6 @@ def read_reused(path, labels):
     twice = sorted(set(old['labels']) & set(labels))
     if twice:
         raise train.UserError(f"--reuse={path}: the label {twice[0]!r} is also in --runs")
-    read_here = set(old['runs']) & {common.relative_paths(str(run)) for runs in labels.values() for run in runs}
-    if read_here:          # a result knows a run by its path: one reading of it (its eval_mem_len, resets may differ)
-        raise train.UserError(f"--reuse={path}: the run {sorted(read_here)[0]} is also in --runs; compare two "
-                              f"readings of a checkpoint from two results (as bench/demos.py's same_weights does)")
     return old
 
 
@@ -712,11 +710,14 @@ def add_reused(path, old, labels, runs, edges, position='document', ngram=None):
         raise train.UserError(f"--reuse={path} read other documents or buckets (by {by}, its bucket edges "
                               f"{old['bucket_edges']}; pass the same --split, --position, --copy_ngram, --buckets "
                               f"and --max_* flags)")
+    read_here = {common.relative_paths(str(run)) for run in runs}
     for label, lab in old['labels'].items():
-        labels[label] = lab['runs']
-        for run in lab['runs']:
+        # a run read here too (another --eval_mem_len, say) keeps both readings: the earlier one as 'RUN (LABEL)'
+        keys = {run: f'{run} ({label})' if run in read_here else run for run in lab['runs']}
+        labels[label] = list(keys.values())
+        for run, key in keys.items():
             info = old['runs'][run]
-            runs[run] = {**{k: v for k, v in info.items() if k not in ('buckets', 'doc_nll_sums')},
+            runs[key] = {**{k: v for k, v in info.items() if k not in ('buckets', 'doc_nll_sums')},
                          'sums': (np.asarray(info['doc_nll_sums'], dtype=np.float64), N, Y)}
 
 

@@ -434,9 +434,14 @@ def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_pat
                                                               f'--out={tmp_path}/x.json'] + common[1:])
     assert "'base' is also in --runs" in error_of(capsys, [base, f'--reuse={tmp_path}/base.json',
                                                            f'--out={tmp_path}/x.json'] + common)
-    again = f"--runs=again:{','.join(map(str, out['base']))}"   # the same checkpoints under another label
-    assert 'is also in --runs; compare' in error_of(capsys, [again, '--eval_mem_len=8', f'--reuse={tmp_path}/base.json',
-                                                    f'--out={tmp_path}/x.json'] + common)
+    again = f"--runs=again:{','.join(map(str, out['base']))}"   # the same checkpoints read otherwise, beside the old
+    longdoc.main([again, '--eval_mem_len=8', f'--reuse={tmp_path}/base.json', f'--out={tmp_path}/again.json'] + common)
+    again = json.loads((tmp_path / 'again.json').read_text())
+    assert len(again['runs']) == 2 * len(out['base']) and again['labels']['base']['runs'] == [
+        f'{key(r)} (base)' for r in out['base']]
+    assert again['runs'][key(out['base'][0])]['mem_len'] == 8 and again['runs'][f"{key(out['base'][0])} (base)"][
+        'doc_nll_sums'] == together['runs'][key(out['base'][0])]['doc_nll_sums']      # each its own reading
+    assert again['labels']['again']['buckets'][1]['nll'] != again['labels']['base']['buckets'][1]['nll']
     (tmp_path / 'other.json').write_text('{"labels": {}}')
     assert "not a longdoc result (no 'runs')" in error_of(capsys, [xl, f'--reuse={tmp_path}/other.json',
                                                                    f'--out={tmp_path}/x.json'] + common)
