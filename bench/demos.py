@@ -28,13 +28,14 @@ and --name.
 
 --suite=code runs the code comparison (does an exact long memory read beyond its window where most can be copied?):
 config/xl_code_demo.py (SymPy's source as bytes, data/sympy/prepare.py --tokenizer=bytes; segment 128, 6,000 steps)
-without memory, with 128 and with 512 slots, read by position and by copy distance (longdoc --position=copy,
-CODE_COPY_BUCKETS); by name or --variants=all every other model at that setting, each trained as its paper trains it
-(config/*_code_demo.py: LaMemo, Compressive, Infini-attention linear and delta, the ∞-former with and without sticky
-memories) and the controls, each also read with its memory emptied (CODE_ABLATIONS); --suite=code_tokens the
-token demo (config/xl_demo.py) on the same code. Runs in out-demos-code[-tokens]; add
---overrides=' --keep_checkpoints=True' to keep every evaluation's checkpoint (loss against steps: bench/longdoc.py
---ckpt=ckpt_STEP.pt).
+without memory, with 128 slots (read also with 512: the authors' longer evaluation memory) and trained with 512,
+read by position and by copy distance (longdoc --position=copy, CODE_COPY_BUCKETS); by name or --variants=all every
+other model at that setting, each trained as its paper trains it (config/*_code_demo.py: LaMemo, Compressive,
+Infini-attention linear and delta, the ∞-former with and without sticky memories) and the controls, each also read
+with its memory emptied (CODE_ABLATIONS), and XL read with 512 slots beside the runs
+(longdoc_demos_code_copy*_with_xl_at512.json); --suite=code_tokens the token demo (config/xl_demo.py) on the same
+code. Runs in out-demos-code[-tokens]; add --overrides=' --keep_checkpoints=True' to keep every evaluation's
+checkpoint (loss against steps: bench/longdoc.py --ckpt=ckpt_STEP.pt).
 
 --suite=code_gpt2 runs the GPT-2 recipe (--suite=gpt2) on code the pretraining never saw: GPT-2 pretrained on one half
 of SymPy's train files (config/gpt2_code_pretrain.py, data/sympy_pretrain/), every form fine-tuned on the other half
@@ -123,13 +124,14 @@ BYTE_BUCKETS = '128,256,640,2048,8192'
 # bytes (config/xl_code_demo.py: vocabulary 256, segment 128, 8 streams, 6,000 steps), read by copy distance (bench/
 # longdoc.py --position=copy: how far back the 6-gram ending at a byte last occurred in its file) and by position.
 # Every model at that setting (config/*_code_demo.py: same size, 1,024 new bytes a step), each trained as its paper
-# trains it; the default run is the calibration (baseline, xl, xl_long), the rest run when named (or --variants=all):
+# trains it; the default run is the calibration (baseline, xl, xl_mem512), the rest run when named (or --variants=all):
 # - baseline: no memory (a byte sees at most the 127 bytes before it);
-# - xl: the byte demos' memory of 128;
-# - xl_long: a memory of 512 (a layer reads 512..639 bytes back, 4 layers up to 4 x 512 + 127): the exact long
-#   memory every other memory is placed against;
+# - xl: a memory of 128, as long as the segment, as the authors train XL; read also with 512 slots (xl_at512 in
+#   CODE_ABLATIONS: their evaluation memory is ~4x the training one), the exact long memory every other is placed
+#   against (a layer reads 512..639 bytes back);
+# - xl_mem512: trained with 512 slots (4x the segment, not the authors' recipe): at this budget it learns slower;
 # - lamemo: LaMemo with xl's memory of 128 (what its look-ahead adds to XL's 128 slots);
-# - compressive: FIFO 128 + compressed memory 192 at c = 2, reaching 512 back as xl_long (320 slots instead of 512);
+# - compressive: FIFO 128 + compressed memory 192 at c = 2, reaching 512 back as xl_at512 (320 slots, not 512);
 # - infini_linear, infini_delta: Infini-attention (Eq. 4, Eq. 5) as its paper trains, 2 streams x 4 segments a step,
 #   BPTT over the 4, the memory emptied every 4 segments (512 bytes);
 # - infformer, infformer_sticky: the ∞-former, STM 128 (xl's) + an LTM of 150 RBFs, without and with sticky memories;
@@ -143,7 +145,7 @@ _CODE = 'config/xl_code_demo.py'
 CODE_VARIANTS = {
     'baseline': (_CODE, ['--mem_len=0', '--eval_mem_len=0']),
     'xl': (_CODE, ['--mem_len=128', '--eval_mem_len=128']),
-    'xl_long': (_CODE, []),
+    'xl_mem512': (_CODE, ['--mem_len=512', '--eval_mem_len=512']),
     'lamemo': ('config/lamemo_code_demo.py', []),
     'compressive': ('config/compressive_code_demo.py', []),
     'infini_linear': ('config/infini_code_demo.py', []),
@@ -156,19 +158,19 @@ CODE_VARIANTS = {
 }
 CODE_MODELS = ('lamemo', 'compressive', 'infini_linear', 'infini_delta', 'infformer', 'infformer_sticky')
 CODE_CONTROLS = ('compressive_no_cmem', 'baseline_2x4', 'infini_linear_bptt1')
-# besides the baseline: against xl (what each adds to XL's 128 slots), xl_long (the exact memory of 512 every other
-# is placed against) and the controls matched in data layout or model
-CODE_MATCHED = {'xl': ('xl_long', 'lamemo', 'compressive', 'infformer', 'infformer_sticky'),
-                'xl_long': ('lamemo', 'compressive', 'infini_linear', 'infini_delta', 'infformer', 'infformer_sticky'),
+# besides the baseline: against xl (what each adds to XL's 128 slots; xl_at512 reads the same runs with 512) and the
+# controls matched in data layout or model
+CODE_MATCHED = {'xl': ('xl_mem512', 'lamemo', 'compressive', 'infformer', 'infformer_sticky'),
                 'baseline_2x4': ('infini_linear', 'infini_delta', 'infini_linear_bptt1'),
                 'compressive_no_cmem': ('compressive',)}
 # the same checkpoints with their memory emptied (bench/longdoc.py flags): --eval_mem_len=0 where the whole memory is
-# XL's (mem_len: xl, xl_long, lamemo, compressive_no_cmem); --reset_every=1 (model.reset_memory before every segment)
+# XL's (mem_len: xl, xl_mem512, lamemo, compressive_no_cmem); --reset_every=1 (model.reset_memory before every segment)
 # where more than mem_len holds it: compressive (its compressed memory), Infini (no mem_len), the ∞-former (the STM
 # and the LTM; mem_len 0 would still write the LTM). infini_*_as_trained: emptied every 4 segments, as in training.
 CODE_ABLATIONS = {'xl_nomem': ('xl', ['--eval_mem_len=0']),
-                  'xl_long_nomem': ('xl_long', ['--eval_mem_len=0']),
-                  'xl_long_at128': ('xl_long', ['--eval_mem_len=128']),
+                  'xl_at512': ('xl', ['--eval_mem_len=512']),
+                  'xl_mem512_nomem': ('xl_mem512', ['--eval_mem_len=0']),
+                  'xl_mem512_at128': ('xl_mem512', ['--eval_mem_len=128']),
                   'lamemo_nomem': ('lamemo', ['--eval_mem_len=0']),
                   'compressive_emptied': ('compressive', ['--reset_every=1']),
                   'compressive_no_cmem_nomem': ('compressive_no_cmem', ['--eval_mem_len=0']),
@@ -187,8 +189,8 @@ CODE_TOKEN_VARIANTS = {
 CODE_TOKEN_ABLATIONS = {'xl_mem512_nomem': ('xl_mem512', ['--eval_mem_len=0']),
                         'xl_mem512_at64': ('xl_mem512', ['--eval_mem_len=64'])}
 # copy-distance buckets (longdoc_demos_NAME{key}.json: buckets): by bytes as BYTE_BUCKETS ([1,128) inside the segment,
-# [128,256) within xl's window, [256,640) within xl_long's one-layer window, [640,2048) its four layers' reach); and
-# the calibration's one bucket: [128,640), beyond the segment and within xl_long's window, where an exact long memory
+# [128,256) within xl's window, [256,640) within 512 slots' one-layer window, [640,2048) their four layers' reach); and
+# the calibration's one bucket: [128,640), beyond the segment and within 512 slots' window, where an exact long memory
 # must show it reads (README, "Memory on code"). Tokens: each doubling, as first measured.
 CODE_COPY_BUCKETS = {'_copy': BYTE_BUCKETS, '_copy_reach': '128,640,2048,8192'}
 CODE_TOKEN_COPY_BUCKETS = {'_copy': '64,128,256,512,1024,4096', '_copy_reach': '64,576,2112'}
@@ -246,6 +248,7 @@ class Suite:
     evals: dict = None           # label -> (variant, train.py flags): the checkpoints evaluated otherwise (--eval_only)
     segment_buckets: str = ''    # also longdoc by position in the segment (--position=segment) with these buckets
     copy_buckets: dict = None    # also longdoc by copy distance (--position=copy): JSON name -> buckets
+    joined: tuple = ()           # ablations also read beside the runs by copy distance (..._with_LABEL.json)
 
 
 SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4096', 'out-demos', ''),
@@ -255,7 +258,8 @@ SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4
                         '64,256,1024,4096', 'out-demos-gpt2', 'gpt2', baseline='gpt2', pretrain='config/gpt2_demo.py',
                         evals=GPT2_EVALS, segment_buckets='4,16,32'),
           'code': Suite(CODE_VARIANTS, CODE_MODELS + CODE_CONTROLS, CODE_MATCHED, CODE_ABLATIONS, BYTE_BUCKETS,
-                        'out-demos-code', 'code', copy_buckets=CODE_COPY_BUCKETS),   # default: the calibration
+                        'out-demos-code', 'code', copy_buckets=CODE_COPY_BUCKETS,    # default: the calibration
+                        joined=('xl_at512',)),
           'code_tokens': Suite(CODE_TOKEN_VARIANTS, (), {}, CODE_TOKEN_ABLATIONS, '64,256,1024,4096',
                                'out-demos-code-tokens', 'code_tokens', copy_buckets=CODE_TOKEN_COPY_BUCKETS),
           'code_gpt2': Suite(CODE_GPT2_VARIANTS, (), {'gpt2_2x4': ('infini_linear', 'infini_delta')}, GPT2_ABLATIONS,
@@ -535,6 +539,10 @@ def main(argv=None):
                                    '--position=copy', buckets=buckets)
                         same_weights(results / f'longdoc_demos{suffix}_{label}{name}.json',
                                      results / f'longdoc_demos{suffix}{name}.json')
+                        if label in cfg.table.joined:            # one comparison (and figure) with the runs
+                            longdoc_to(f'{name}_with_{label}', [f"{label}:{','.join(done[variant])}"], *flags, *base,
+                                       '--position=copy', f"--reuse={results / f'longdoc_demos{suffix}{name}.json'}",
+                                       buckets=buckets)
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

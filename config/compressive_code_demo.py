@@ -1,8 +1,8 @@
 """CPU demo on code: a small Compressive Transformer at config/xl_code_demo.py's calibrated setting (SymPy's source as
 bytes; 4 layers, d_model 128, segments of 128 bytes, 8 streams, 6,000 steps of 1,024 bytes at 2e-3). Memory: the demo
 XL's 128 FIFO slots + 192 compressed slots at the paper's PG-19 rate c = 2 (128 + 2 x 192 = 512 bytes back per layer,
-as far as XL long's memory, with 320 slots instead of 512; bench/demos.py BYTE_VARIANTS' compressive; c = 3 does not
-divide the segment), conv f_c trained by the attention-reconstruction loss, as config/compressive_demo.py.
+as far as XL read with 512 slots, with 320 slots instead of 512; bench/demos.py BYTE_VARIANTS' compressive; c = 3
+does not divide the segment), conv f_c trained by the attention-reconstruction loss, as config/compressive_demo.py.
 Evaluated with the memory it was trained with. --cmem_len=0 --recon_loss=none is its control (XL's model, memory 128).
 
     python data/sympy/prepare.py --tokenizer=bytes

@@ -2,9 +2,9 @@
 bytes; 4 layers, d_model 128, 4 heads of 32, segments of 128 bytes, 6,000 steps of 1,024 bytes at 2e-3). No mem_len:
 the compressive memory holds everything since it was last emptied.
 Trained as the paper trains it, as config/infini_demo.py scaled to the same 1,024 new bytes a step: inputs of 4
-segments (reset_every = 4: 512 bytes, XL long's memory), each one graph (bptt_segments = 4, the loss backpropagates
-through the memory over the input), 2 streams x 4 segments x 128 bytes a step; the validation loss also empties the
-memory every 4 segments. --batch_size=8 --bptt_segments=1 is the feeding control (8 streams, no BPTT).
+segments (reset_every = 4: 512 bytes, as XL read with 512 slots), each one graph (bptt_segments = 4, the loss
+backpropagates through the memory over the input), 2 streams x 4 segments x 128 bytes a step; the validation loss
+also empties the memory every 4 segments. --batch_size=8 --bptt_segments=1 is the feeding control (8 streams, no BPTT).
 gate_lr_mult = 1 (infini_demo's 100 let β move at all in 1,000 steps at 1e-3): Σ lr_t ≈ 6 over these 6,000 steps
 already lets Adam take sigmoid(β) to 0 or 1, and 100 would move it ~0.2 a step.
 

@@ -1,7 +1,7 @@
 """CPU demo on code: a small LaMemo (model_lamemo.py) at config/xl_code_demo.py's calibrated setting (SymPy's source
 as bytes; 4 layers, d_model 128, segments of 128 bytes, 8 streams, 6,000 steps of 1,024 bytes at 2e-3), so it compares
 with bench/demos.py --suite=code's XL runs. Memory: 128 bytes, the demo XL's (as config/lamemo_demo.py takes
-xl_demo's), evaluated with it: what the look-ahead adds to XL's 128 slots, against XL long's 512 as the ceiling.
+xl_demo's), evaluated with it: what the look-ahead adds to XL's 128 slots, against XL read with 512 as the ceiling.
 attn_kernel: einsum, the default (sdpa returns no log-sum-exps).
 
     python data/sympy/prepare.py --tokenizer=bytes

@@ -104,7 +104,7 @@ def test_code_suites(tmp_path):
     """--suite=code (bytes of SymPy's source) and code_tokens (the token demo on it): the same model and schedule for
     every variant, only the memory differs; read by copy distance too (longdoc --position=copy)."""
     for suite, variants, dataset, seg_len, steps, mems in (
-            ('code', demos.CODE_VARIANTS, 'sympy_bytes', 128, 6000, {'baseline': 0, 'xl': 128, 'xl_long': 512}),
+            ('code', demos.CODE_VARIANTS, 'sympy_bytes', 128, 6000, {'baseline': 0, 'xl': 128, 'xl_mem512': 512}),
             ('code_tokens', demos.CODE_TOKEN_VARIANTS, 'sympy', 64, 1000, {'baseline': 0, 'xl': 64, 'xl_mem512': 512})):
         c = demos.DemosConfig(suite=suite)
         assert c.out_root == f"out-demos-{suite.replace('_', '-')}" and c.name == suite and c.table.copy_buckets
@@ -125,21 +125,21 @@ def test_code_suites(tmp_path):
 def test_code_suite_every_model():
     """--suite=code's other models (named, or --variants=all), each trained as its paper trains it at the calibrated
     setting: 1,024 new bytes a step (Infini: 2 streams x 4 segments, BPTT over them, emptied every 4), the memories
-    placed against XL's 128 and XL long's 512, the feeding and compressed-memory controls; each one's memory emptied
-    by an ablation."""
+    placed against XL's 128 slots, read with 128 and (the authors' longer evaluation memory) 512, the feeding and
+    compressed-memory controls; each one's memory emptied by an ablation."""
     c = demos.DemosConfig(suite='code')
-    assert c.variants == 'baseline,xl,xl_long'                            # a default run is the calibration
+    assert c.variants == 'baseline,xl,xl_mem512'                          # a default run is the calibration
     assert set(demos.selected(demos.DemosConfig(suite='code', variants='all'))) == set(demos.CODE_VARIANTS) == {
-        'baseline', 'xl', 'xl_long', *demos.CODE_MODELS, *demos.CODE_CONTROLS}
+        'baseline', 'xl', 'xl_mem512', *demos.CODE_MODELS, *demos.CODE_CONTROLS}
     p = {label: demos.train.parse_args([str(demos.common.REPO / config), *flags])
          for label, (config, flags) in demos.CODE_VARIANTS.items()}
     assert {label: t.model for label, (t, _, _, _) in p.items()} == {
-        'baseline': 'xl', 'xl': 'xl', 'xl_long': 'xl', 'lamemo': 'lamemo', 'compressive': 'compressive',
+        'baseline': 'xl', 'xl': 'xl', 'xl_mem512': 'xl', 'lamemo': 'lamemo', 'compressive': 'compressive',
         'infini_linear': 'infini', 'infini_delta': 'infini', 'infformer': 'infformer', 'infformer_sticky': 'infformer',
         'compressive_no_cmem': 'compressive', 'baseline_2x4': 'xl', 'infini_linear_bptt1': 'infini'}
     model = lambda label: p[label][2]
     train_cfg = lambda label: p[label][0]
-    xl = train_cfg('xl_long')
+    xl = train_cfg('xl')
     for label, (t, _, m, _) in p.items():                           # the calibrated setting, but for the memory
         assert (t.dataset, m.seg_len, m.n_layer, m.n_head, m.d_head, m.d_inner, m.dropout) == (
             'sympy_bytes', 128, 4, 4, 32, 512, 0.1), label
@@ -150,10 +150,11 @@ def test_code_suite_every_model():
         if hasattr(m, 'mem_len'):
             assert t.eval_mem_len in (-1, m.mem_len), label             # evaluated with its own memory
     for label in ('lamemo', 'compressive', 'compressive_no_cmem', 'infformer', 'infformer_sticky'):
-        assert model(label).mem_len == model('xl').mem_len == 128, label   # XL's demo memory, not XL long's 512
+        assert model(label).mem_len == model('xl').mem_len == 128, label   # XL's, as long as the segment
     m = model('compressive')
     assert (m.cmem_len, m.compression_rate, m.compression, m.recon_loss) == (192, 2, 'conv', 'attention')
-    assert m.mem_len + m.cmem_len * m.compression_rate == model('xl_long').mem_len == 512   # as far back as xl_long
+    assert m.mem_len + m.cmem_len * m.compression_rate == 512 == model('xl_mem512').mem_len   # as far as 512 slots
+    assert demos.CODE_ABLATIONS['xl_at512'] == ('xl', ['--eval_mem_len=512'])   # XL read with them (the authors' way)
     assert (model('compressive_no_cmem').cmem_len, model('compressive_no_cmem').recon_loss) == (0, 'none')
     for label, update, streams, bptt in (('infini_linear', 'linear', 2, 4), ('infini_delta', 'delta', 2, 4),
                                          ('infini_linear_bptt1', 'linear', 8, 1)):
@@ -168,16 +169,16 @@ def test_code_suite_every_model():
     # every model with a memory read with it emptied: mem_len 0 where XL's memory is all of it, otherwise a reset
     # before every segment (the compressed memory, Infini's, the ∞-former's STM and LTM: test_ablations_empty_...)
     reset = ('compressive', 'infini_linear', 'infini_delta', 'infini_linear_bptt1', 'infformer', 'infformer_sticky')
-    emptied = {variant: flags for variant, flags in demos.CODE_ABLATIONS.values() if flags != ['--reset_every=-1']
-               and flags != ['--eval_mem_len=128']}
-    assert emptied == {**{v: ['--eval_mem_len=0'] for v in ('xl', 'xl_long', 'lamemo', 'compressive_no_cmem')},
+    emptied = {variant: flags for variant, flags in demos.CODE_ABLATIONS.values()
+               if flags not in (['--reset_every=-1'], ['--eval_mem_len=128'], ['--eval_mem_len=512'])}
+    assert emptied == {**{v: ['--eval_mem_len=0'] for v in ('xl', 'xl_mem512', 'lamemo', 'compressive_no_cmem')},
                        **{v: ['--reset_every=1'] for v in reset}}
     assert set(emptied) == {label for label in p if getattr(model(label), 'mem_len', 1)}   # none forgotten
     for label, (variant, flags) in demos.CODE_ABLATIONS.items():
         assert variant in p and (flags[0].startswith('--reset_every=') or hasattr(model(variant), 'mem_len')), label
     assert demos.CODE_MATCHED['baseline_2x4'] == ('infini_linear', 'infini_delta', 'infini_linear_bptt1')
     assert demos.CODE_MATCHED['compressive_no_cmem'] == ('compressive',)
-    assert set(demos.CODE_MODELS) <= {'xl', *demos.CODE_MATCHED['xl_long']} | {'xl_long'}
+    assert set(demos.CODE_MODELS) - {'infini_linear', 'infini_delta'} <= set(demos.CODE_MATCHED['xl'])
 
 
 def test_code_ablations_empty_every_memory():
@@ -200,7 +201,7 @@ def test_code_ablations_empty_every_memory():
         config, train_flags = demos.CODE_VARIANTS[variant]
         _, module, model_cfg, _ = train.parse_args([str(demos.common.REPO / config), *train_flags])
         model_cfg = dataclasses.replace(model_cfg, **{k: v for k, v in tiny.items() if getattr(model_cfg, k, 0)})
-        if (repr(model_cfg), *flags) in seen:                            # e.g. xl_long's at this size is xl's
+        if (repr(model_cfg), *flags) in seen:                            # e.g. xl_mem512's at this size is xl's
             continue
         seen.add((repr(model_cfg), *flags))
         torch.manual_seed(0)
@@ -278,20 +279,25 @@ def test_code_suite_end_to_end(tmp_path):
     """--suite=code on a toy byte corpus: tiny runs, then longdoc by position and by copy distance (both bucket
     sets), with the first occurrences as a bucket of their own and every predicted token in one bucket."""
     data = dataset(tmp_path / 'data', bytes_tokenizer())
-    demos.main(['--suite=code', '--variants=baseline,xl_long', '--seeds=1', f'--out_root={tmp_path / "runs"}',
+    demos.main(['--suite=code', '--variants=baseline,xl', '--seeds=1', f'--out_root={tmp_path / "runs"}',
                 '--jobs=2', f'--overrides={TINY} --data_dir={data}', f'--results={tmp_path}', '--split=validation'])
     by_position = json.loads((tmp_path / 'longdoc_demos_code.json').read_text())
     predicted = sum(b['tokens'] for b in by_position['labels']['baseline']['buckets'])
     for name, edges in demos.CODE_COPY_BUCKETS.items():
         result = json.loads((tmp_path / f'longdoc_demos_code{name}.json').read_text())
         assert result['position'] == 'copy' and result['copy_ngram'] == 6 and list(result['labels']) == [
-            'baseline', 'xl_long'] and result['bucket_edges'] == [int(e) for e in edges.split(',')]
-        buckets = result['labels']['xl_long']['buckets']
+            'baseline', 'xl'] and result['bucket_edges'] == [int(e) for e in edges.split(',')]
+        buckets = result['labels']['xl']['buckets']
         assert buckets[-1]['bucket'] == 'first' and sum(b['tokens'] for b in buckets) == predicted
-    for name in ('', *demos.CODE_COPY_BUCKETS):                      # the memory emptied, by position and copy distance
-        nomem = json.loads((tmp_path / f'longdoc_demos_code_xl_long_nomem{name}.json').read_text())
-        assert len(nomem['vs_as_trained']) == len(nomem['bucket_names']) and all(
-            r['mem_len'] == 0 for r in nomem['runs'].values())
+    for name in ('', *demos.CODE_COPY_BUCKETS):       # the memory emptied, and 512 slots: by position and copy distance
+        for ablation, mem_len in (('xl_nomem', 0), ('xl_at512', 512)):
+            read = json.loads((tmp_path / f'longdoc_demos_code_{ablation}{name}.json').read_text())
+            assert len(read['vs_as_trained']) == len(read['bucket_names']) and all(
+                r['mem_len'] == mem_len for r in read['runs'].values())
+    for name in demos.CODE_COPY_BUCKETS:                             # 512 slots beside the runs, by copy distance
+        joined = json.loads((tmp_path / f'longdoc_demos_code{name}_with_xl_at512.json').read_text())
+        assert list(joined['labels']) == ['xl_at512', 'baseline', 'xl'] and joined['baseline'] == 'baseline'
+        assert [joined['runs'][r]['mem_len'] for r in joined['labels']['xl_at512']['runs']] == [512]
 
 
 def test_code_suite_every_model_trains(tmp_path):
