@@ -1,8 +1,8 @@
 """CPU demo on code: a small Transformer-XL on the offline code corpus (SymPy's source as UTF-8 bytes,
 data/sympy/prepare.py), the setting bench/demos.py --suite=code compares memories at: 4 layers, segments of 128
 bytes, 6,000 steps of 1,024 bytes, ~30 min on one CPU thread (mem_len=0: ~20 min). Trained as the authors train
-Transformer-XL, with a memory as long as the segment (mem_len = seg_len: their run_wt103_base.sh 150/150,
-run_enwik8_base.sh 512/512), and evaluated with a 4x longer one (eval_mem_len 512: their WikiText-103 evaluation
+Transformer-XL, with a memory as long as the segment (mem_len = seg_len: their WikiText-103 base script trains with
+150/150, enwik8's with 512/512), and evaluated with a 4x longer one (eval_mem_len 512: their WikiText-103 evaluation
 reads 640 after training with 150), which on this code reads where the copy sources lie (README, "Memory on code").
 
     python data/sympy/prepare.py --tokenizer=bytes
