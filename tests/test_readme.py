@@ -1,8 +1,8 @@
 """
 The README's headline numbers against bench/results: every cell of its results tables (the CPU demos, "Memory on
-code" and "Start from GPT-2"), each validation loss mean ± std and each Δ ± s.e., rounded as printed, and the prose's mean ± std
-figures; a perturbed README fails. Also the install's torch index (the Makefile's TORCH_INDEX, .ci/run's override)
-and the README's size. Reads README.md and the JSONs (the code table's ablation with bench/longdoc.py).
+code" and "Start from GPT-2"), each validation loss mean ± std and each Δ ± s.e., rounded as printed, and the prose's
+mean ± std figures; a perturbed README fails. Also the install's torch index (the Makefile's TORCH_INDEX, .ci/run's override)
+and the README's size. Pure Python: reads README.md and the JSONs, no torch.
 """
 
 import json
@@ -114,6 +114,20 @@ def check_cell(errors, where, cell, mean, std=None):
         errors.append(f'{where}: {cell!r} has no ± (the JSON: {std:.6f})')
 
 
+def known_rows(rows, known, known_name, table_name, errors):
+    """(label, cells, known[label]) for each table row whose label is a key of known (a *_ROWS dict); an error for
+    each other row and, once the rows are read, for each key of known no row has."""
+    seen = set()
+    for cells in rows:
+        label = cells[0]
+        if label not in known:
+            errors.append(f'{table_name} table: row {label!r} is not in tests/test_readme.py {known_name}')
+            continue
+        seen.add(label)
+        yield label, cells, known[label]
+    errors += [f'{table_name} table: row {label!r} is missing' for label in known if label not in seen]
+
+
 def demos_mismatches(text):
     errors = []
     header, rows = table(text, 'model (its demo config)')
@@ -121,14 +135,7 @@ def demos_mismatches(text):
         return ['the demos table (header "| model (its demo config) |") is not in the README']
     runs, longdoc = load('demos.json')['runs'], load('longdoc_demos.json')
     base = runs['baseline']['mean']
-    seen = set()
-    for cells in rows:
-        label = cells[0]
-        if label not in DEMOS_ROWS:
-            errors.append(f'demos table: row {label!r} is not in tests/test_readme.py DEMOS_ROWS')
-            continue
-        key = DEMOS_ROWS[label]
-        seen.add(label)
+    for label, cells, key in known_rows(rows, DEMOS_ROWS, 'DEMOS_ROWS', 'demos', errors):
         run = runs[key]
         for head, cell in zip(header[1:], cells[1:]):
             where = f'demos table, {label!r}, {head!r}'
@@ -140,7 +147,6 @@ def demos_mismatches(text):
                 check_cell(errors, where, cell, *diff(longdoc, key, bucket(head)))
             else:
                 errors.append(f'demos table: column {head!r} has no check')
-    errors += [f'demos table: row {label!r} is missing' for label in DEMOS_ROWS if label not in seen]
     return errors
 
 
@@ -153,14 +159,7 @@ def gpt2_mismatches(text):
     runs, evals = result['runs'], result['evals']
     base = runs['gpt2']['mean']
     along, segment = load('longdoc_demos_gpt2.json'), load('longdoc_demos_gpt2_segment.json')
-    seen = set()
-    for cells in rows:
-        label = cells[0]
-        if label not in GPT2_ROWS:
-            errors.append(f'GPT-2 table: row {label!r} is not in tests/test_readme.py GPT2_ROWS')
-            continue
-        key = GPT2_ROWS[label]
-        seen.add(label)
+    for label, cells, key in known_rows(rows, GPT2_ROWS, 'GPT2_ROWS', 'GPT-2', errors):
         for head, cell in zip(header[1:], cells[1:]):
             where = f'GPT-2 table, {label!r}, {head!r}'
             if head == 'validation loss':
@@ -180,7 +179,6 @@ def gpt2_mismatches(text):
                 check_cell(errors, where, cell, *diff(along, key, bucket(head)))
             else:
                 errors.append(f'GPT-2 table: column {head!r} has no check')
-    errors += [f'GPT-2 table: row {label!r} is missing' for label in GPT2_ROWS if label not in seen]
     m = re.search(r'the pretrained model: \*\*(\d\.\d+)\*\*', text)
     pretrained = result['pretrained']['validation/loss']
     if m is None:
@@ -190,37 +188,20 @@ def gpt2_mismatches(text):
     return errors
 
 
-# "Memory on code": row label -> (the run in demos_code.json, the longdoc label, the ablation JSON's name or None)
+# "Memory on code": row label -> (the run in demos_code.json or None, the label in the copy-distance JSON)
 CODE_ROWS = {
-    'no memory': ('baseline', 'baseline', None),
-    'XL, 128 slots': ('xl', 'xl', None),
-    'its weights, 512 slots': (None, 'xl_at512', None),
-    'control: XL trained with 512': ('xl_mem512', 'xl_mem512', None),
+    'no memory': ('baseline', 'baseline'),
+    'XL, 128 slots': ('xl', 'xl'),
+    'its weights, 512 slots': (None, 'xl_at512'),
+    'control: XL trained with 512': ('xl_mem512', 'xl_mem512'),
 }
 CODE_HEADER = 'XL against none (share of the bytes)'
 
 
-def paired_bits(base, other, label):
-    """label's bits per byte minus the baseline's per bucket, paired by file, ± s.e. across files (from the
-    per-file sums, with bench/longdoc.py's ratio_stats; an ablation's JSON holds its own label only).
-    -> {bucket: (diff, se)}"""
-    import math
-    import sys
-    import numpy as np
-    sys.path.insert(0, str(ROOT / 'bench'))
-    import longdoc
-
-    def sums(result, lab):
-        return np.mean([result['runs'][r]['doc_nll_sums'] for r in result['labels'][lab]['runs']], axis=0)
-    N, Y = np.array(base['doc_tokens']), np.array(base['doc_bytes'])
-    means, ses = longdoc.ratio_stats((sums(other, label) - sums(base, 'baseline')) / math.log(2), Y, N > 0)
-    return dict(zip(base['bucket_names'], zip(means, ses)))
-
-
 def code_mismatches(text):
     """The code calibration's table: validation loss (demos_code.json), the share of the bytes in each copy-distance
-    bucket and each Δ bits per byte ± s.e. (longdoc_demos_code_copy_reach_with_xl_at512.json: the calibration's
-    runs and XL's read with 512 slots; or an ablation's JSON)."""
+    bucket and each Δ bits per byte ± its s.e. over files and seeds (longdoc_demos_code_copy_reach_with_xl_at512.json:
+    the calibration's runs and XL's read with 512 slots)."""
     errors = []
     header, rows = table(text, CODE_HEADER)
     if header is None:
@@ -236,29 +217,17 @@ def code_mismatches(text):
         buckets[head] = name
         if not same(share.rstrip('%'), 100 * row['share']):
             errors.append(f'code table: {head!r}, the JSON has {100 * row["share"]:.2f}%')
-    seen = set()
-    for cells in rows:
-        label = cells[0]
-        if label not in CODE_ROWS:
-            errors.append(f'code table: row {label!r} is not in tests/test_readme.py CODE_ROWS')
-            continue
-        seen.add(label)
-        run, key, ablation = CODE_ROWS[label]
-        other = load(f'longdoc_demos_code_{ablation}_copy_reach.json') if ablation else copy
-        paired = paired_bits(copy, other, key)
+    for label, cells, (run, key) in known_rows(rows, CODE_ROWS, 'CODE_ROWS', 'code', errors):
         if run is not None:
             check_cell(errors, f'code table, {label!r}, validation', cells[1], runs[run]['mean'], runs[run]['std'])
         elif cells[1]:
             errors.append(f'code table, {label!r}: a validation loss where the JSON has none')
+        by_bucket = {b['bucket']: b for b in copy['labels'][key]['buckets']}
         for head, cell in zip(header[2:], cells[2:]):
-            if head not in buckets:
-                continue
-            diff, se = paired[buckets[head]]        # an ablation: ± s.e. across files
-            if not ablation:                        # a label of the comparison: ± its s.e. over files and seeds
-                row = next(b for b in copy['labels'][key]['buckets'] if b['bucket'] == buckets[head])
-                diff, se = row['diff_bpc'], row['diff_bpc_se_total']
-            check_cell(errors, f'code table, {label!r}, {head!r}', cell, diff, se if key != 'baseline' else None)
-    errors += [f'code table: row {label!r} is missing' for label in CODE_ROWS if label not in seen]
+            if head in buckets:
+                row = by_bucket[buckets[head]]
+                check_cell(errors, f'code table, {label!r}, {head!r}', cell, row['diff_bpc'],
+                           row['diff_bpc_se_total'] if key != 'baseline' else None)
     return errors
 
 
