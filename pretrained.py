@@ -136,29 +136,27 @@ def read_safetensors(path):
 
 def read_checkpoint(path):
     """A GPT-2 that train.py made (--model=gpt2), as the hub holds one: -> (its model_config, its tensors named and
-    laid out as in a model.safetensors). Our parameter names are the hub's; nn.Linear's (out, in) weights are stored
-    transposed, as Conv1D's (in, out)."""
+    laid out as in a model.safetensors, the tokenizer it was trained on: 'gpt2' or 'bytes'). Our parameter names are
+    the hub's; nn.Linear's (out, in) weights are stored transposed, as Conv1D's (in, out)."""
     from runs import load_checkpoint                 # here: runs.py needs nothing of this module
     ckpt = load_checkpoint(path)                     # a damaged file or one not ours: one line
     if ckpt['model_name'] != 'gpt2':
         raise UserError(f"{path} holds a {ckpt['model_name']!r} model, not GPT-2 alone (--model=gpt2): only a GPT-2 "
                         f"is a starting point in the hub format")
-    tokenizer = ckpt.get('tokenizer', {}).get('tokenizer', 'gpt2')
-    if tokenizer != 'gpt2':
-        raise UserError(f"{path} was trained on {tokenizer} tokens, not GPT-2's BPE")
     tensors = {k: v.t().contiguous() if k.endswith(CONV1D) else v for k, v in ckpt['model'].items()}
-    return dict(ckpt['model_config']), tensors
+    return dict(ckpt['model_config']), tensors, ckpt.get('tokenizer', {}).get('tokenizer', 'gpt2')
 
 
 def read_gpt2(directory):
-    """GPT-2's architecture and weights from a directory of locate(): -> ({GPT2_FIELDS}, tensors, the file read)"""
+    """GPT-2's architecture and weights from a directory of locate(): -> ({GPT2_FIELDS}, tensors, the file read,
+    the tokenizer they read: GPT-2's BPE for the hub's files, a checkpoint's own for ours)"""
     directory = Path(directory)
     if all((directory / f).is_file() for f in FILES):
         path = directory / 'model.safetensors'
-        return read_gpt2_config(directory), read_safetensors(path), path
+        return read_gpt2_config(directory), read_safetensors(path), path, 'gpt2'
     path = directory / 'ckpt.pt'
-    config, tensors = read_checkpoint(path)
-    return {k: config[k] for k in GPT2_FIELDS}, tensors, path
+    config, tensors, tokenizer = read_checkpoint(path)
+    return {k: config[k] for k in GPT2_FIELDS}, tensors, path, tokenizer
 
 
 def configure(model_cfg, given, hf, source):
@@ -208,11 +206,26 @@ def load_weights(model, found, path):
     return len(wanted), left
 
 
-def init_from_gpt2(init_from, model_name, module, model_cfg, given):
-    """The model of --init_from=gpt2... : config.json's architecture, GPT-2's weights, the rest at init.
-    -> (model_cfg, model, one line for the log)"""
+def checkpoint_tokenizer(init_from):
+    """The 'tokenizer' entry of the checkpoint of ours that --init_from=gpt2:DIR loads (DIR/ckpt.pt), for
+    tokenizer.from_meta; None for the hub's files (GPT-2's BPE)."""
+    directory = locate(init_from)
+    if all((directory / f).is_file() for f in FILES):
+        return None
+    from runs import load_checkpoint
+    return load_checkpoint(directory / 'ckpt.pt').get('tokenizer')
+
+
+def init_from_gpt2(init_from, model_name, module, model_cfg, given, tokenizer='gpt2', data_dir=None):
+    """The model of --init_from=gpt2... : config.json's architecture, GPT-2's weights, the rest at init. tokenizer:
+    the data's (data_dir's), which must be the one the weights were trained on (the hub's: GPT-2's BPE; a checkpoint
+    of ours: its own, e.g. bytes). -> (model_cfg, model, one line for the log)"""
     check_gpt2_form(model_name, module)
-    hf, tensors, path = read_gpt2(locate(init_from))
+    hf, tensors, path, trained_on = read_gpt2(locate(init_from))
+    if tokenizer is not None and tokenizer != trained_on:
+        read = "GPT-2 BPE" if trained_on == 'gpt2' else trained_on
+        raise UserError(f"--init_from={init_from} reads {read} tokens, but {data_dir or 'the data'} holds "
+                        f"{tokenizer} tokens")
     model_cfg = configure(model_cfg, given, hf, path.parent / 'config.json' if path.suffix == '.safetensors' else path)
     model = module.Model(model_cfg)
     n, left = load_weights(model, tensors, path)
@@ -254,7 +267,10 @@ def export(out_dir, to, checkpoint='ckpt.pt', overwrite=False):
         raise UserError("export needs the safetensors package (pip install safetensors)") from None
     if not to:
         raise UserError("export needs --to=DIR, the directory to write config.json and model.safetensors into")
-    config, tensors = read_checkpoint(Path(out_dir) / checkpoint)
+    config, tensors, tokenizer = read_checkpoint(Path(out_dir) / checkpoint)
+    if tokenizer != 'gpt2':
+        raise UserError(f"{Path(out_dir) / checkpoint} was trained on {tokenizer} tokens, not GPT-2's BPE: the hub "
+                        f"format's GPT-2 reads BPE")
     tensors = {k: v.contiguous() for k, v in tensors.items() if k in set(gpt2_names(config['n_layer'])[:-1])}
     directory = Path(to).expanduser()
     paths = [directory / f for f in FILES]

@@ -417,10 +417,8 @@ def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device, mast
     may not contradict it, RUNTIME_FIELDS aside; --eval_only may change model flags that keep the weights (clamp_len,
     same_length, mem_len, ...). -> (model_cfg, model, checkpoint or None)"""
     if pretrained.is_gpt2(cfg.init_from):
-        if tokenizer is not None and tokenizer.name != 'gpt2':
-            raise UserError(f"--init_from={cfg.init_from} reads GPT-2 BPE tokens, but {data_dir} holds "
-                            f"{tokenizer.name} tokens")
-        model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, cfg.model, module, model_cfg, given)
+        model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, cfg.model, module, model_cfg, given,
+                                                           tokenizer and tokenizer.name, data_dir)
         if master:
             print(note, file=sys.stderr)                         # stdout: --eval_only's JSON
         return model_cfg, model, None

@@ -37,9 +37,10 @@ with its memory emptied (CODE_ABLATIONS), and XL read with 512 slots beside the 
 code. Runs in out-demos-code[-tokens]; add --overrides=' --keep_checkpoints=True' to keep every evaluation's
 checkpoint (loss against steps: bench/longdoc.py --ckpt=ckpt_STEP.pt).
 
---suite=code_gpt2 runs the GPT-2 recipe (--suite=gpt2) on code the pretraining never saw: GPT-2 pretrained on one half
-of SymPy's train files (config/gpt2_code_pretrain.py, data/sympy_pretrain/), every form fine-tuned on the other half
-(--dataset=sympy_finetune; data/sympy/prepare.py --halves=True), read by copy distance too; out-demos-code-gpt2.
+--suite=code_gpt2 runs the GPT-2 recipe (--suite=gpt2) on code the pretraining never saw, as bytes: GPT-2 pretrained
+on one half of SymPy's train files (config/gpt2_code_pretrain.py, data/sympy_bytes_pretrain/), every form fine-tuned
+on the other half (data/sympy_bytes_finetune/; data/sympy/prepare.py --tokenizer=bytes --halves=True), read by copy
+distance too; out-demos-code-gpt2.
 --pretrain_overrides=' ...' appends train.py flags to a suite's pretraining only (after --overrides).
 """
 
@@ -217,21 +218,30 @@ GPT2_EVALS = {f'{v}_emptied': (v, ['--eval_reset_memory=True']) for v in GPT2_ME
 GPT2_ABLATIONS = {}
 
 # The GPT-2 recipe on text the pretraining never saw (--suite=code_gpt2). The gpt2 suite's fine-tune re-reads the
-# Gutenberg text its pretraining read; here GPT-2 alone is pretrained once on one half of the code corpus
-# (config/gpt2_code_pretrain.py: data/sympy_pretrain/) and every form of GPT2_VARIANTS (the control gpt2, gpt2_2x4,
-# the ∞-former with and without sticky memories, Compressive, Infini linear and delta) is fine-tuned from it on the
-# other half (--dataset=sympy_finetune), with the same steps, data and rates. The halves are disjoint by subpackage
-# (data/sympy/prepare.py --halves=True), so the fine-tune reads code the pretrained model has never seen; both
-# evaluate on the same held-out subpackages. The same evaluations (GPT2_EVALS: each memory emptied), read by position,
-# in the segment, and by copy distance (longdoc --position=copy, each form paired with gpt2), in two bucket sets:
-# - '_copy': each doubling from the segment of 64, as code_tokens;
-# - '_copy_reach': where each memory can reach behind a 64-token segment: [1,64) the window (GPT-2 alone copies
-#   there), [64,192) within Compressive's 128 tokens (64 slots x rate 2), [192,576) within the ∞-former's LTM (up to
-#   512 tokens, then emptied), [576,...) beyond every bounded memory (only Infini's, never emptied as longdoc reads a
-#   document, reaches there).
-CODE_GPT2_VARIANTS = {label: (config, ['--dataset=sympy_finetune', *flags])
+# Gutenberg text its pretraining read; here GPT-2 alone is pretrained once on one half of the code corpus, as bytes
+# (config/gpt2_code_pretrain.py: data/sympy_bytes_pretrain/, the code suite's size, segment and steps), and every form
+# of GPT2_VARIANTS (the control gpt2, gpt2_2x4, the ∞-former with and without sticky memories, Compressive, Infini
+# linear and delta) is fine-tuned from it on the other half (data/sympy_bytes_finetune/), with the same steps, data and
+# rates. The halves are disjoint by subpackage (data/sympy/prepare.py --tokenizer=bytes --halves=True), so the
+# fine-tune reads code the pretrained model has never seen; both evaluate on the same held-out subpackages.
+# CODE_GPT2_FLAGS move every form to the pretraining's segment of 128 bytes (1,024 bytes a step, as pretrained: 8
+# streams, or Infini's 2 x 4 segments) and the code suite's evaluation; CODE_GPT2_SCALED scale each memory with the
+# segment as its gpt2 config scales it to 64 tokens: the ∞-former's N = L = 128 basis functions and M = 2N samples
+# (its LTM still emptied at 512 = 4 segments, the paper's threshold), Compressive's 128 compressed slots (N's count) at
+# rate 2, reaching 256 back. The same evaluations (GPT2_EVALS: each memory emptied), read by position, in the segment,
+# and by copy distance (longdoc --position=copy, each form paired with gpt2), in two bucket sets:
+# - '_copy': the code suite's byte buckets;
+# - '_copy_reach': where each memory can reach behind a 128-byte segment: [1,128) the window (GPT-2 alone copies
+#   there), [128,384) within Compressive's 256 bytes, [384,640) within the ∞-former's LTM (up to 512 bytes, then
+#   emptied), [640,...) beyond every bounded memory (only Infini's, never emptied as longdoc reads a document, reaches
+#   there).
+CODE_GPT2_FLAGS = ['--dataset=sympy_bytes_finetune', '--seg_len=128', '--eval_tokens=65536']
+CODE_GPT2_SCALED = {'infformer': ['--n_basis=128', '--n_samples=256'],
+                    'infformer_sticky': ['--n_basis=128', '--n_samples=256'],
+                    'compressive': ['--cmem_len=128']}
+CODE_GPT2_VARIANTS = {label: (config, [*CODE_GPT2_FLAGS, *flags, *CODE_GPT2_SCALED.get(label, [])])
                       for label, (config, flags) in GPT2_VARIANTS.items()}
-CODE_GPT2_COPY_BUCKETS = {'_copy': '64,128,256,512,1024,4096', '_copy_reach': '64,192,576'}
+CODE_GPT2_COPY_BUCKETS = {'_copy': BYTE_BUCKETS, '_copy_reach': '128,384,640'}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +273,8 @@ SUITES = {'tokens': Suite(VARIANTS, CONTROLS, MATCHED, ABLATIONS, '64,256,1024,4
           'code_tokens': Suite(CODE_TOKEN_VARIANTS, (), {}, CODE_TOKEN_ABLATIONS, '64,256,1024,4096',
                                'out-demos-code-tokens', 'code_tokens', copy_buckets=CODE_TOKEN_COPY_BUCKETS),
           'code_gpt2': Suite(CODE_GPT2_VARIANTS, (), {'gpt2_2x4': ('infini_linear', 'infini_delta')}, GPT2_ABLATIONS,
-                             '64,256,1024,4096', 'out-demos-code-gpt2', 'code_gpt2', baseline='gpt2',
-                             pretrain='config/gpt2_code_pretrain.py', evals=GPT2_EVALS, segment_buckets='4,16,32',
+                             BYTE_BUCKETS, 'out-demos-code-gpt2', 'code_gpt2', baseline='gpt2',
+                             pretrain='config/gpt2_code_pretrain.py', evals=GPT2_EVALS, segment_buckets='4,16,64',
                              copy_buckets=CODE_GPT2_COPY_BUCKETS)}
 
 

@@ -39,11 +39,12 @@ def load_split(data_dir, split):
     model's."""
     path = Path(data_dir) / f'{split}.bin'
     if not path.exists():
-        name = Path(data_dir).name
-        base, flag = (name[:-len('_bytes')], ' --tokenizer=bytes') if name.endswith('_bytes') else (name, '')
+        base, halves = Path(data_dir).name, ''
         for half in ('_pretrain', '_finetune'):                 # data/sympy/prepare.py --halves=True writes these
-            if base.endswith(half) and (REPO / 'data' / base[:-len(half)] / 'prepare.py').exists():
-                base, flag = base[:-len(half)], ' --halves=True'
+            if base.endswith(half):
+                base, halves = base[:-len(half)], ' --halves=True'
+        base, flag = (base[:-len('_bytes')], ' --tokenizer=bytes') if base.endswith('_bytes') else (base, '')
+        flag += halves
         prepare = REPO / 'data' / base / 'prepare.py'
         if prepare.exists():
             raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}{flag}` first")

@@ -235,7 +235,10 @@ def test_missing_sympy_data_names_its_command(tmp_path):
     for name, command in [("sympy", "python data/sympy/prepare.py`"),
                           ("sympy_bytes", "python data/sympy/prepare.py --tokenizer=bytes`"),
                           ("sympy_pretrain", "python data/sympy/prepare.py --halves=True`"),
-                          ("sympy_finetune", "python data/sympy/prepare.py --halves=True`")]:
+                          ("sympy_finetune", "python data/sympy/prepare.py --halves=True`"),
+                          ("sympy_bytes_pretrain", "python data/sympy/prepare.py --tokenizer=bytes --halves=True`"),
+                          ("sympy_bytes_finetune", "python data/sympy/prepare.py --tokenizer=bytes --halves=True`"),
+                          ("gutenberg_bytes", "python data/gutenberg/prepare.py --tokenizer=bytes`")]:
         with pytest.raises(loader.UserError, match="no data at") as e:
             loader.load_split(tmp_path / name, "train")
         assert command in str(e.value)
@@ -386,14 +389,16 @@ def test_sympy_halves_errors(tmp_path, small, capsys):
     assert sorted(os.listdir(tmp_path)) == ["fake.tar.gz", "one.tar.gz", "out"]
 
 
-def test_real_sympy_halves():
+@pytest.mark.parametrize("dataset, flags", [("sympy", ""), ("sympy_bytes", " --tokenizer=bytes")])
+def test_real_sympy_halves(dataset, flags):
     """The real halves (skipped without them: python data/sympy/prepare.py --halves=True): disjoint by subpackage, their
-    union the train split, balanced within the largest subpackage, validation and test data/sympy's own."""
-    full = os.path.join(ROOT, "data", "sympy")
-    halves = {h: os.path.join(ROOT, "data", f"sympy_{h}") for h in sympy.HALVES}
+    union the train split, balanced within the largest subpackage, validation and test data/sympy's own; the same
+    files as bytes (--tokenizer=bytes --halves=True)."""
+    full = os.path.join(ROOT, "data", dataset)
+    halves = {h: os.path.join(ROOT, "data", f"{dataset}_{h}") for h in sympy.HALVES}
     if not all(os.path.exists(os.path.join(d, "meta.json")) for d in (full, *halves.values())):
-        pytest.skip("data/sympy_pretrain and data/sympy_finetune are not prepared "
-                    "(python data/sympy/prepare.py --halves=True)")
+        pytest.skip(f"data/{dataset}_pretrain and data/{dataset}_finetune are not prepared "
+                    f"(python data/sympy/prepare.py{flags} --halves=True)")
     metas = {h: read_meta(d) for h, d in halves.items()}
     train = sorted(os.listdir(os.path.join(full, "raw", "train")))
     names = {h: sorted(os.listdir(os.path.join(d, "raw", "train"))) for h, d in halves.items()}

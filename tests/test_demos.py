@@ -335,21 +335,21 @@ def test_matched_control(tmp_path):
     assert [r['reset_every'] for r in as_trained['runs'].values()] == [4]   # infini_demo's inputs of 4 segments
 
 
-# the code_gpt2 suite's toy end to end: GPT-2 BPE code, the pretraining and the fine-tunes on different train texts
+# the code_gpt2 suite's toy end to end: code as bytes, the pretraining and the fine-tunes on different train texts
 CODE_A = "def area(width, height):\n    return width * height\n\n\nprint(area(3, 4))\n"
 CODE_B = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n\n"
 CODE_HELD_OUT = ("def norm(vector):\n    return sum(v * v for v in vector) ** 0.5\n" * 3,
                  "import math\n\n\ndef angle(a, b):\n    return math.atan2(b, a)\n" * 2)
-TINY_GPT2 = ' --n_layer=1 --n_head=2 --n_embd=16 --n_positions=40'       # the pretraining's: the checkpoint fixes it
-TINY_FINETUNE = (' --seg_len=40 --batch_size=2 --max_iters=2 --eval_interval=1000 --eval_tokens=64 --eval_batch_size=2'
+TINY_GPT2 = ' --n_layer=1 --n_head=2 --n_embd=16 --n_positions=80'       # the pretraining's: the checkpoint fixes it
+TINY_FINETUNE = (' --seg_len=80 --batch_size=2 --max_iters=2 --eval_interval=1000 --eval_tokens=64 --eval_batch_size=2'
                  ' --device=cpu --compile=False --log_interval=1')    # every run's (seg_len above the segment buckets)
 
 
 def code_dataset(root, train_text):
-    """A GPT-2-BPE dataset: two training documents of train_text, CODE_HELD_OUT as validation and test."""
+    """A byte dataset, as the suite's: two training documents of train_text, CODE_HELD_OUT as validation and test."""
     from data import shards
-    from data.tokenizer import gpt2_tokenizer
-    tokenizer = gpt2_tokenizer()
+    from data.tokenizer import bytes_tokenizer
+    tokenizer = bytes_tokenizer()
     splits = {'train': [train_text * 12, train_text * 6], 'validation': list(CODE_HELD_OUT),
               'test': list(CODE_HELD_OUT)}
     shards.write_dataset(str(root), splits, lambda text: shards.encode_doc(text, words=len(text.split()),
@@ -359,10 +359,11 @@ def code_dataset(root, train_text):
 
 
 def test_code_gpt2_suite(tmp_path):
-    """--suite=code_gpt2: GPT-2 pretrained once on one half of the code (config/gpt2_code_pretrain.py,
-    sympy_pretrain), every GPT-2 form of the gpt2 suite fine-tuned from it on the other half (sympy_finetune) with the
-    same flags otherwise, the same evaluations, copy-distance buckets within the forms' reach; --pretrain_overrides
-    reach the pretraining only."""
+    """--suite=code_gpt2: GPT-2 pretrained once on one half of the code as bytes (config/gpt2_code_pretrain.py,
+    sympy_bytes_pretrain, the code suite's size, segment and steps), every GPT-2 form of the gpt2 suite fine-tuned from
+    it on the other half (sympy_bytes_finetune) at the pretraining's segment and bytes a step, each memory scaled with
+    the segment as its gpt2 config scales it, the same evaluations, copy-distance buckets within the forms' reach;
+    --pretrain_overrides reach the pretraining only."""
     c = demos.DemosConfig(suite='code_gpt2', out_root=str(tmp_path / 'runs'), overrides=' --max_iters=5',
                           pretrain_overrides=' --max_iters=7 --data_dir=pre')
     assert (c.name, c.out_root, c.table.baseline) == ('code_gpt2', str(tmp_path / 'runs'), 'gpt2')
@@ -373,26 +374,37 @@ def test_code_gpt2_suite(tmp_path):
                                          '--max_iters=5', '--max_iters=7', '--data_dir=pre']   # its own flags last
     fake_log(tmp_path / 'runs' / 'pretrain', [(5, 6.0)])
     assert not demos.pretrain_done(c)                                    # its max_iters is pretrain_overrides' 7
-    gpt2 = demos.SUITES['gpt2']
+    suite, gpt2 = c.table, demos.SUITES['gpt2']
+    parse = lambda config, *flags: demos.train.parse_args([str(demos.common.REPO / config), *flags])
+    pre, _, pre_model, _ = parse(suite.pretrain)
+    code, _, code_model, _ = parse('config/xl_code_demo.py')
+    assert (pre.model, pre.dataset) == ('gpt2', 'sympy_bytes_pretrain')      # vocab_size: the data's, 256
+    assert (pre_model.n_layer, pre_model.n_head, pre_model.n_embd, pre_model.seg_len) == (
+        code_model.n_layer, code_model.n_head, code_model.n_embd, code_model.seg_len)     # the code suite's size
+    assert (pre.max_iters, pre.batch_size) == (code.max_iters, code.batch_size)
+    seg = pre_model.seg_len
+    forms = {}
     for label, (config, flags) in demos.CODE_GPT2_VARIANTS.items():      # the gpt2 suite's, reading the other half
-        assert (config, flags) == (gpt2.variants[label][0], ['--dataset=sympy_finetune', *gpt2.variants[label][1]])
+        assert (config, flags) == (gpt2.variants[label][0], [*demos.CODE_GPT2_FLAGS, *gpt2.variants[label][1],
+                                                             *demos.CODE_GPT2_SCALED.get(label, [])])
         cmd = demos.command(c, label, 1)
         assert f'--init_from=gpt2:{tmp_path}/runs/pretrain' in cmd and '--data_dir=pre' not in cmd
-        t, _, m, _ = demos.train.parse_args([str(demos.common.REPO / config), *flags])
-        assert t.dataset == 'sympy_finetune' and m.seg_len == 64, label
-    suite = c.table
-    assert (suite.evals, suite.matched, suite.buckets, suite.segment_buckets) == (
-        gpt2.evals, gpt2.matched, gpt2.buckets, gpt2.segment_buckets)
-    pre, _, pre_model, _ = demos.train.parse_args([str(demos.common.REPO / suite.pretrain)])
-    gpt2_demo, _, gpt2_model, _ = demos.train.parse_args([str(demos.common.REPO / 'config' / 'gpt2_demo.py')])
-    assert (pre.model, pre.dataset) == ('gpt2', 'sympy_pretrain')
-    assert pre_model == gpt2_model                                       # the demo's size, for now
-    assert (pre.max_iters, pre.batch_size, pre.learning_rate) == (gpt2_demo.max_iters, gpt2_demo.batch_size,
-                                                                  gpt2_demo.learning_rate)
+        t, _, m, _ = parse(config, *flags)
+        assert (t.dataset, m.seg_len, t.eval_tokens) == ('sympy_bytes_finetune', seg, code.eval_tokens), label
+        assert t.batch_size * t.bptt_segments * m.seg_len == pre.batch_size * seg, label   # bytes a step, as pretrained
+        assert m.seg_len <= pre_model.n_positions, label
+        forms[label] = m
+    # each memory scaled from its gpt2 config's 64-token segment to 128 bytes as that config scales it to 64
+    inf, comp = forms['infformer'], forms['compressive']
+    token_inf = parse('config/infformer_gpt2_demo.py')[2]
+    assert (inf.n_basis, inf.n_samples, inf.ltm_reset_len) == (seg, 2 * seg, 4 * seg)
+    assert (token_inf.n_basis, token_inf.n_samples) == (token_inf.seg_len, 2 * token_inf.seg_len)
+    assert forms['infformer_sticky'].n_basis == inf.n_basis and forms['infformer_sticky'].sticky
+    assert (comp.cmem_len, comp.mem_len, comp.compression_rate) == (inf.n_basis, 0, 2)
+    assert (suite.evals, suite.matched) == (gpt2.evals, gpt2.matched)
+    assert (suite.buckets, suite.segment_buckets) == (demos.BYTE_BUCKETS, '4,16,64')
+    assert int(suite.segment_buckets.split(',')[-1]) < seg
     # the reach buckets: the window, then Compressive's, the ∞-former's and beyond, for each form's memory
-    comp = demos.train.parse_args([str(demos.common.REPO / 'config/compressive_gpt2_demo.py')])[2]
-    inf = demos.train.parse_args([str(demos.common.REPO / 'config/infformer_gpt2_demo.py')])[2]
-    seg = pre_model.seg_len
     assert suite.copy_buckets['_copy_reach'] == ','.join(map(str, (
         seg, seg + comp.mem_len + comp.cmem_len * comp.compression_rate, seg + inf.ltm_reset_len)))
     assert suite.copy_buckets['_copy'].split(',')[0] == str(seg)
@@ -412,7 +424,7 @@ def test_code_gpt2_end_to_end(tmp_path):
     for label in ('gpt2', 'infformer'):
         ckpt = train.load_checkpoint(runs / label / 'seed1' / 'ckpt.pt')
         t = ckpt['train_config']
-        assert (t['data_dir'], t['dataset'], t['init_from']) == (str(fine), 'sympy_finetune', f'gpt2:{runs}/pretrain')
+        assert (t['data_dir'], t['dataset'], t['init_from']) == (str(fine), 'sympy_bytes_finetune', f'gpt2:{runs}/pretrain')
         assert ckpt['step'] == 2 and ckpt['model_config']['n_embd'] == 16
     result = json.loads((tmp_path / 'demos_code_gpt2.json').read_text())
     assert sorted(result['runs']) == ['gpt2', 'infformer']

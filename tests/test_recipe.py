@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,3 +150,37 @@ def test_the_recipe_end_to_end_at_toy_size(data_dir, tmp_path):
                        '--start=It was the best', '--max_new_tokens=12', '--device=cpu', '--seed=1'])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith('It was the best') and len(proc.stdout) > len('It was the best\n')
+
+
+def test_a_byte_gpt2_of_ours_starts_byte_forms_only(data_dir, tmp_path, capsys):
+    """--init_from=gpt2:OUT_DIR reads the tokens its checkpoint was trained on (bench/demos.py --suite=code_gpt2
+    pretrains on bytes): a byte GPT-2 starts a memory form on byte data with its tensors bit for bit, and sample.py
+    samples it with its byte tokenizer; on GPT-2 BPE data, and exported to the hub format (whose GPT-2 reads BPE), it
+    is one line."""
+    from _train_util import TEXT, write_dataset
+    from data.tokenizer import bytes_tokenizer
+    tokens = np.frombuffer((TEXT * 4).encode(), dtype=np.uint8).astype(np.uint16)
+    byte_data = write_dataset(tmp_path / 'bytes', tokens[:600], tokens[600:], vocab_size=256)
+    meta = json.loads((byte_data / 'meta.json').read_text())
+    (byte_data / 'meta.json').write_text(json.dumps({**meta, **bytes_tokenizer().describe()}))
+    pre = tmp_path / 'pre'
+    train.train(flags(byte_data, pre, GPT2, max_iters=2, eval_interval=2))
+    saved = load(pre / 'ckpt.pt')
+    assert saved['model']['transformer.wte.weight'].shape == (256, GPT2['n_embd'])
+    tuned = tmp_path / 'tuned'
+    train.train(flags(byte_data, tuned, dict(model='infformer_gpt2', seg_len=16, **FORM_FIELDS['infformer_gpt2']),
+                      init_from=f'gpt2:{pre}', max_iters=1, learning_rate=0.0, dropout=0.0))
+    start = load(tuned / 'ckpt.pt')['model']
+    for name in pretrained.gpt2_names(GPT2['n_layer'])[:-1]:
+        assert torch.equal(start[name], saved['model'][name]), name
+    code, _, err = run_main(flags(data_dir, tmp_path / 'bpe', dict(model='infformer_gpt2', seg_len=16),
+                                  init_from=f'gpt2:{pre}'), capsys)
+    assert code == 2
+    assert_one_line_error(err, f'--init_from=gpt2:{pre} reads bytes tokens', 'holds gpt2 tokens')
+    proc = run_python(['pretrained.py', 'export', f'--out_dir={pre}', f'--to={tmp_path / "hub"}'])
+    assert proc.returncode == 2 and not (tmp_path / 'hub').exists()
+    assert_one_line_error(proc.stderr, 'trained on bytes tokens', "not GPT-2's BPE")
+    proc = run_python(['sample.py', f'--init_from=gpt2:{pre}', '--start=It was', '--max_new_tokens=12',
+                       '--device=cpu', '--seed=1'])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith('It was') and len(proc.stdout.encode()) >= len('It was') + 1
