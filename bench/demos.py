@@ -225,7 +225,9 @@ GPT2_ABLATIONS = {}
 # rates. The halves are disjoint by subpackage (data/sympy/prepare.py --tokenizer=bytes --halves=True), so the
 # fine-tune reads code the pretrained model has never seen; both evaluate on the same held-out subpackages.
 # CODE_GPT2_FLAGS move every form to the pretraining's segment of 128 bytes (1,024 bytes a step, as pretrained: 8
-# streams, or Infini's 2 x 4 segments) and the code suite's evaluation; CODE_GPT2_SCALED scale each memory with the
+# streams, or Infini's 2 x 4 segments) and the code suite's evaluation, and fine-tune 1,500 steps (1.5M bytes, an
+# eighth of the half; the gpt2 suite's 300 left every memory within 0.002 nats of GPT-2 alone: lab/LOG.md,
+# 2026-12-02), at the configs' rates (5e-5, the ∞-former authors'); CODE_GPT2_SCALED scale each memory with the
 # segment as its gpt2 config scales it to 64 tokens: the ∞-former's N = L = 128 basis functions and M = 2N samples
 # (its LTM still emptied at 512 = 4 segments, the paper's threshold), Compressive's 128 compressed slots (N's count) at
 # rate 2, reaching 256 back. The same evaluations (GPT2_EVALS: each memory emptied), read by position, in the segment,
@@ -235,7 +237,8 @@ GPT2_ABLATIONS = {}
 #   there), [128,384) within Compressive's 256 bytes, [384,640) within the ∞-former's LTM (up to 512 bytes, then
 #   emptied), [640,...) beyond every bounded memory (only Infini's, never emptied as longdoc reads a document, reaches
 #   there).
-CODE_GPT2_FLAGS = ['--dataset=sympy_bytes_finetune', '--seg_len=128', '--eval_tokens=65536']
+CODE_GPT2_FLAGS = ['--dataset=sympy_bytes_finetune', '--seg_len=128', '--eval_tokens=65536', '--max_iters=1500',
+                   '--eval_interval=500']
 CODE_GPT2_SCALED = {'infformer': ['--n_basis=128', '--n_samples=256'],
                     'infformer_sticky': ['--n_basis=128', '--n_samples=256'],
                     'compressive': ['--cmem_len=128']}

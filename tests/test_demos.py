@@ -392,6 +392,8 @@ def test_code_gpt2_suite(tmp_path):
         t, _, m, _ = parse(config, *flags)
         assert (t.dataset, m.seg_len, t.eval_tokens) == ('sympy_bytes_finetune', seg, code.eval_tokens), label
         assert t.batch_size * t.bptt_segments * m.seg_len == pre.batch_size * seg, label   # bytes a step, as pretrained
+        own = parse(config)[0]
+        assert (t.max_iters, t.learning_rate) == (5 * own.max_iters, own.learning_rate), label   # 1,500 at its rate
         assert m.seg_len <= pre_model.n_positions, label
         forms[label] = m
     # each memory scaled from its gpt2 config's 64-token segment to 128 bytes as that config scales it to 64
