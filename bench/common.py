@@ -38,8 +38,12 @@ GPU_SIZE = dict(vocab_size=50304, n_layer=16, n_embd=1024, n_head=16, d_head=64,
 # The GPT-2 forms at the CPU demos' size: 4 layers, n_embd 128, 4 heads of 32 (GPT-2's MLP: 4 x 128 = the demos' d_inner
 # 512), segment 64, learned positions up to 128, GPT-2's own 50,257-token vocabulary.
 GPT2_DEMO_SIZE = dict(vocab_size=50257, n_layer=4, n_embd=128, n_head=4, n_positions=128, seg_len=64)
+# The code suite's size (config/*_code_demo.py, bench/demos.py --suite=code): the demos' model on bytes, segment 128,
+# memory 128 (compressed memory 192 at c = 2, n_basis 150): the cost in tokens/s of each memory on code.
+CODE_SIZE = dict(vocab_size=256, n_layer=4, n_embd=128, n_head=4, d_head=32, d_inner=512, seg_len=128)
 SIZES = {'matched': (CPU_SIZE, dict(mem_len=128, cmem_len=64, n_basis=128)),
          'demo': (DEMO_SIZE, dict(mem_len=64, cmem_len=32, n_basis=150)),
+         'code': (CODE_SIZE, dict(mem_len=128, cmem_len=192, n_basis=150)),
          'gpu': (GPU_SIZE, dict(mem_len=512, cmem_len=256, n_basis=512))}
 
 

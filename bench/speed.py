@@ -8,6 +8,7 @@ the model's KV cache (on CUDA also replayed as a CUDA graph) against recomputing
     python bench/speed.py --device=cuda --batch_size=32     # a GPU
     python bench/speed.py --profile=lamemo                  # + torch.profiler tables of one eager fp32 step
     python bench/speed.py --size=demo --parts=train,eval --modes=eager   # step times at config/*_demo.py's size
+    python bench/speed.py --size=code --parts=train --modes=eager --out=bench/results/speed_code.json   # *_code_demo
     python bench/speed.py --vocab=256 --parts=train --out=bench/results/speed_bytes.json   # byte level (enwik8)
     python bench/speed.py --suite=gpt2                      # GPT-2 alone and its memory forms, at the demos' size
 
@@ -64,7 +65,8 @@ SUITES = {
 class SpeedConfig:
     suite: str = 'xl'              # xl: common.variant_table(); gpt2: common.gpt2_variant_table() (GPT-2 and its forms)
     variants: str = 'all'          # comma-separated names from the suite's table, or all
-    size: str = ''                 # xl: matched (common.CPU_SIZE, the default) or demo (config/*_demo.py's size);
+    size: str = ''                 # xl: matched (common.CPU_SIZE, the default), demo (config/*_demo.py's size), code
+                                   # (config/*_code_demo.py's, bytes) or gpu;
                                    # gpt2: demo (common.GPT2_DEMO_SIZE); '' = the suite's first
     vocab: int = 0                 # vocabulary size; 0 = the size's (GPT-2, 50304); 256 = byte level
     device: str = 'cpu'            # cpu, cuda, auto

@@ -798,3 +798,20 @@ def test_attn_kernels_dry_run_prints_one_json_line_per_path(capsys):
     with pytest.raises(SystemExit):
         attn_kernels.main(['--paths=einsum,cudnn'])
     assert 'unknown path' in capsys.readouterr().err
+
+
+def test_code_size_is_the_code_suites():
+    """bench/speed.py --size=code times each memory as bench/demos.py --suite=code trains it: the size and every
+    memory field of common.variant_table at SIZES['code'] are its config/*_code_demo.py's (vocab_size is the byte
+    data's, 256)."""
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import demos
+    size, memory = common.SIZES['code']
+    assert size['vocab_size'] == 256
+    for label, spec in common.variant_table(**memory).items():
+        config, flags = demos.CODE_VARIANTS[label]
+        t, _, m, _ = common.train.parse_args([str(ROOT / config), *flags])
+        assert (t.model, t.dataset) == (spec['model'], 'sympy_bytes'), label
+        for k, value in {**size, **spec}.items():
+            if k not in ('model', 'vocab_size'):
+                assert getattr(m, k) == value, (label, k)
