@@ -32,6 +32,20 @@ SCAN_CHUNK = 1 << 24              # tokens per read of the vocabulary check (32 
 _largest = {}                     # (path, size, mtime_ns) -> the largest token of a .bin: each file is scanned once
 
 
+def prepared_by(name):
+    """(the dataset whose prepare.py writes data/<name>/, its flags): NAME[_bytes][_pretrain|_finetune] ->
+    (NAME, ' --tokenizer=bytes --halves=True'), the halves only where data/NAME/prepare.py exists (data/sympy's
+    --halves=True writes them)."""
+    def unbytes(base, flag=''):
+        return (base[:-len('_bytes')], ' --tokenizer=bytes' + flag) if base.endswith('_bytes') else (base, flag)
+    for half in ('_pretrain', '_finetune'):
+        if name.endswith(half):
+            base, flag = unbytes(name[:-len(half)], ' --halves=True')
+            if (REPO / 'data' / base / 'prepare.py').exists():
+                return base, flag
+    return unbytes(name)
+
+
 def load_split(data_dir, split):
     """The tokens of data_dir/{split}.bin as a read-only np.memmap, checked first (one UserError line each): a whole
     number of uint16 tokens, not empty, as many as meta.json counts, and every token below meta.json's vocab_size.
@@ -39,12 +53,7 @@ def load_split(data_dir, split):
     model's."""
     path = Path(data_dir) / f'{split}.bin'
     if not path.exists():
-        base, halves = Path(data_dir).name, ''
-        for half in ('_pretrain', '_finetune'):                 # data/sympy/prepare.py --halves=True writes these
-            if base.endswith(half):
-                base, halves = base[:-len(half)], ' --halves=True'
-        base, flag = (base[:-len('_bytes')], ' --tokenizer=bytes') if base.endswith('_bytes') else (base, '')
-        flag += halves
+        base, flag = prepared_by(Path(data_dir).name)
         prepare = REPO / 'data' / base / 'prepare.py'
         if prepare.exists():
             raise UserError(f"no data at {path}: run `python {prepare.relative_to(REPO)}{flag}` first")
