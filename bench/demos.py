@@ -227,8 +227,8 @@ GPT2_ABLATIONS = {}
 # CODE_GPT2_FLAGS move every form to the pretraining's segment of 128 bytes (1,024 bytes a step, as pretrained: 8
 # streams, or Infini's 2 x 4 segments) and the code suite's evaluation, and fine-tune 1,500 steps (1.5M bytes, an
 # eighth of the half; after the gpt2 suite's 300 the ∞-former's memory was not read, emptying it cost 0.0004 nats:
-# lab/LOG.md, 2026-12-02), at the configs' rates (5e-5, the ∞-former authors'); CODE_GPT2_SCALED scale each memory with the
-# segment as its gpt2 config scales it to 64 tokens: the ∞-former's N = L = 128 basis functions and M = 2N samples
+# lab/LOG.md, 2026-12-02), at the configs' rates (5e-5, the ∞-former authors'); CODE_GPT2_SCALED scale each memory
+# with the segment as its gpt2 config scales it to 64 tokens: the ∞-former's N = L = 128 basis functions and M = 2N samples
 # (its LTM still emptied at 512 = 4 segments, the paper's threshold), Compressive's 128 compressed slots (N's count) at
 # rate 2, reaching 256 back. The same evaluations (GPT2_EVALS: each memory emptied), read by position, in the segment,
 # and by copy distance (longdoc --position=copy, each form paired with gpt2), in two bucket sets:
@@ -239,9 +239,8 @@ GPT2_ABLATIONS = {}
 #   there).
 CODE_GPT2_FLAGS = ['--dataset=sympy_bytes_finetune', '--seg_len=128', '--eval_tokens=65536', '--max_iters=1500',
                    '--eval_interval=500']
-CODE_GPT2_SCALED = {'infformer': ['--n_basis=128', '--n_samples=256'],
-                    'infformer_sticky': ['--n_basis=128', '--n_samples=256'],
-                    'compressive': ['--cmem_len=128']}
+_CODE_GPT2_LTM = ['--n_basis=128', '--n_samples=256']
+CODE_GPT2_SCALED = {'infformer': _CODE_GPT2_LTM, 'infformer_sticky': _CODE_GPT2_LTM, 'compressive': ['--cmem_len=128']}
 CODE_GPT2_VARIANTS = {label: (config, [*CODE_GPT2_FLAGS, *flags, *CODE_GPT2_SCALED.get(label, [])])
                       for label, (config, flags) in GPT2_VARIANTS.items()}
 CODE_GPT2_COPY_BUCKETS = {'_copy': BYTE_BUCKETS, '_copy_reach': '128,384,640'}

@@ -804,7 +804,6 @@ def test_code_size_is_the_code_suites():
     """bench/speed.py --size=code times each memory as bench/demos.py --suite=code trains it: the size and every
     memory field of common.variant_table at SIZES['code'] are its config/*_code_demo.py's (vocab_size is the byte
     data's, 256)."""
-    sys.path.insert(0, str(ROOT / 'bench'))
     import demos
     size, memory = common.SIZES['code']
     assert size['vocab_size'] == 256

@@ -426,7 +426,8 @@ def test_code_gpt2_end_to_end(tmp_path):
     for label in ('gpt2', 'infformer'):
         ckpt = train.load_checkpoint(runs / label / 'seed1' / 'ckpt.pt')
         t = ckpt['train_config']
-        assert (t['data_dir'], t['dataset'], t['init_from']) == (str(fine), 'sympy_bytes_finetune', f'gpt2:{runs}/pretrain')
+        assert (t['data_dir'], t['dataset'], t['init_from']) == (str(fine), 'sympy_bytes_finetune',
+                                                                 f'gpt2:{runs}/pretrain')
         assert ckpt['step'] == 2 and ckpt['model_config']['n_embd'] == 16
     result = json.loads((tmp_path / 'demos_code_gpt2.json').read_text())
     assert sorted(result['runs']) == ['gpt2', 'infformer']

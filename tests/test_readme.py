@@ -1,8 +1,8 @@
 """
 The README's headline numbers against bench/results: every cell of its results tables (the CPU demos, "Memory on
 code" and "Start from GPT-2"), each validation loss mean ± std and each Δ ± s.e., rounded as printed, and the prose's
-mean ± std figures; a perturbed README fails. Also the install's torch index (the Makefile's TORCH_INDEX, .ci/run's override)
-and the README's size. Pure Python: reads README.md and the JSONs, no torch.
+mean ± std figures; a perturbed README fails. Also the install's torch index (the Makefile's TORCH_INDEX, .ci/run's
+override) and the README's size. Pure Python: reads README.md and the JSONs, no torch.
 """
 
 import json
