@@ -136,27 +136,33 @@ def read_safetensors(path):
 
 def read_checkpoint(path):
     """A GPT-2 that train.py made (--model=gpt2), as the hub holds one: -> (its model_config, its tensors named and
-    laid out as in a model.safetensors, the tokenizer it was trained on: 'gpt2' or 'bytes'). Our parameter names are
-    the hub's; nn.Linear's (out, in) weights are stored transposed, as Conv1D's (in, out)."""
+    laid out as in a model.safetensors, the tokenizer it was trained on: its data's meta, for data.tokenizer.from_meta,
+    None for GPT-2's BPE). Our parameter names are the hub's; nn.Linear's (out, in) weights are stored transposed, as
+    Conv1D's (in, out)."""
     from runs import load_checkpoint                 # here: runs.py needs nothing of this module
     ckpt = load_checkpoint(path)                     # a damaged file or one not ours: one line
     if ckpt['model_name'] != 'gpt2':
         raise UserError(f"{path} holds a {ckpt['model_name']!r} model, not GPT-2 alone (--model=gpt2): only a GPT-2 "
                         f"is a starting point in the hub format")
     tensors = {k: v.t().contiguous() if k.endswith(CONV1D) else v for k, v in ckpt['model'].items()}
-    return dict(ckpt['model_config']), tensors, ckpt.get('tokenizer', {}).get('tokenizer', 'gpt2')
+    return dict(ckpt['model_config']), tensors, ckpt.get('tokenizer')
+
+
+def tokenizer_name(meta):
+    """'gpt2', 'bytes', ... : the name of the tokenizer a data meta (or None: GPT-2's BPE) describes."""
+    return (meta or {}).get('tokenizer', 'gpt2')
 
 
 def read_gpt2(directory):
     """GPT-2's architecture and weights from a directory of locate(): -> ({GPT2_FIELDS}, tensors, the file read,
-    the tokenizer they read: GPT-2's BPE for the hub's files, a checkpoint's own for ours)"""
+    the tokenizer they read: None (GPT-2's BPE) for the hub's files, a checkpoint's own data meta for ours)"""
     directory = Path(directory)
     if all((directory / f).is_file() for f in FILES):
         path = directory / 'model.safetensors'
-        return read_gpt2_config(directory), read_safetensors(path), path, 'gpt2'
+        return read_gpt2_config(directory), read_safetensors(path), path, None
     path = directory / 'ckpt.pt'
-    config, tensors, tokenizer = read_checkpoint(path)
-    return {k: config[k] for k in GPT2_FIELDS}, tensors, path, tokenizer
+    config, tensors, meta = read_checkpoint(path)
+    return {k: config[k] for k in GPT2_FIELDS}, tensors, path, meta
 
 
 def configure(model_cfg, given, hf, source):
@@ -206,22 +212,14 @@ def load_weights(model, found, path):
     return len(wanted), left
 
 
-def checkpoint_tokenizer(init_from):
-    """The 'tokenizer' entry of the checkpoint of ours that --init_from=gpt2:DIR loads (DIR/ckpt.pt), for
-    tokenizer.from_meta; None for the hub's files (GPT-2's BPE)."""
-    directory = locate(init_from)
-    if all((directory / f).is_file() for f in FILES):
-        return None
-    from runs import load_checkpoint
-    return load_checkpoint(directory / 'ckpt.pt').get('tokenizer')
-
-
 def init_from_gpt2(init_from, model_name, module, model_cfg, given, tokenizer='gpt2', data_dir=None):
     """The model of --init_from=gpt2... : config.json's architecture, GPT-2's weights, the rest at init. tokenizer:
     the data's (data_dir's), which must be the one the weights were trained on (the hub's: GPT-2's BPE; a checkpoint
-    of ours: its own, e.g. bytes). -> (model_cfg, model, one line for the log)"""
+    of ours: its own, e.g. bytes); None: any. -> (model_cfg, model, one line for the log, the tokenizer the weights
+    read: a data meta for data.tokenizer.from_meta, None for GPT-2's BPE)"""
     check_gpt2_form(model_name, module)
-    hf, tensors, path, trained_on = read_gpt2(locate(init_from))
+    hf, tensors, path, meta = read_gpt2(locate(init_from))
+    trained_on = tokenizer_name(meta)
     if tokenizer is not None and tokenizer != trained_on:
         read = "GPT-2 BPE" if trained_on == 'gpt2' else trained_on
         raise UserError(f"--init_from={init_from} reads {read} tokens, but {data_dir or 'the data'} holds "
@@ -231,7 +229,7 @@ def init_from_gpt2(init_from, model_name, module, model_cfg, given, tokenizer='g
     n, left = load_weights(model, tensors, path)
     left = list(dict.fromkeys(re.sub(r'\.h\.\d+\.', '.h.*.', k) for k in left))   # one name for every layer's
     note = f"; left at init: {', '.join(left)}" if left else ""
-    return model_cfg, model, f"loaded GPT-2 weights from {path} ({n} tensors){note}"
+    return model_cfg, model, f"loaded GPT-2 weights from {path} ({n} tensors){note}", meta
 
 
 # -----------------------------------------------------------------------------------------------------------
@@ -267,7 +265,8 @@ def export(out_dir, to, checkpoint='ckpt.pt', overwrite=False):
         raise UserError("export needs the safetensors package (pip install safetensors)") from None
     if not to:
         raise UserError("export needs --to=DIR, the directory to write config.json and model.safetensors into")
-    config, tensors, tokenizer = read_checkpoint(Path(out_dir) / checkpoint)
+    config, tensors, meta = read_checkpoint(Path(out_dir) / checkpoint)
+    tokenizer = tokenizer_name(meta)
     if tokenizer != 'gpt2':
         raise UserError(f"{Path(out_dir) / checkpoint} was trained on {tokenizer} tokens, not GPT-2's BPE: the hub "
                         f"format's GPT-2 reads BPE")

@@ -156,10 +156,10 @@ def sample(argv):
     if pretrained.is_gpt2(cfg.init_from):
         module = import_model('gpt2')
         path = cfg.init_from
-        model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, 'gpt2', module, module.Config(), set(),
-                                                           tokenizer=None)
+        model_cfg, model, note, meta = pretrained.init_from_gpt2(cfg.init_from, 'gpt2', module, module.Config(), set(),
+                                                                 tokenizer=None)
         print(note, file=sys.stderr)
-        ckpt = {'tokenizer': pretrained.checkpoint_tokenizer(cfg.init_from)}   # the hub's: none named, GPT-2's
+        ckpt = {'tokenizer': meta}                    # the tokens the weights read (the hub's: none named, GPT-2's)
     else:
         path = Path(cfg.out_dir) / cfg.ckpt
         ckpt = load_checkpoint(path, 'cpu')

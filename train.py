@@ -417,8 +417,8 @@ def build_model(cfg, module, model_cfg, given, tokenizer, data_dir, device, mast
     may not contradict it, RUNTIME_FIELDS aside; --eval_only may change model flags that keep the weights (clamp_len,
     same_length, mem_len, ...). -> (model_cfg, model, checkpoint or None)"""
     if pretrained.is_gpt2(cfg.init_from):
-        model_cfg, model, note = pretrained.init_from_gpt2(cfg.init_from, cfg.model, module, model_cfg, given,
-                                                           tokenizer and tokenizer.name, data_dir)
+        model_cfg, model, note, _ = pretrained.init_from_gpt2(cfg.init_from, cfg.model, module, model_cfg, given,
+                                                              tokenizer and tokenizer.name, data_dir)
         if master:
             print(note, file=sys.stderr)                         # stdout: --eval_only's JSON
         return model_cfg, model, None

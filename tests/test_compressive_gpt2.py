@@ -489,7 +489,7 @@ def test_loaded_through_pretrained_py_an_empty_memory_gives_transformers_logits(
     import model_compressive_gpt2 as module
     directory, hf = hub_dir
     cfg = Config(seg_len=16, dropout=0.0, cmem_len=8)
-    cfg, model, note = pretrained.init_from_gpt2(f'gpt2:{directory}', 'compressive_gpt2', module, cfg,
+    cfg, model, note, _ = pretrained.init_from_gpt2(f'gpt2:{directory}', 'compressive_gpt2', module, cfg,
                                                  {'seg_len', 'dropout', 'cmem_len'})
     assert (cfg.n_layer, cfg.n_embd, cfg.n_positions) == (2, 32, 64) and 'compress' in note
     model.eval()

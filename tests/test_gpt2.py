@@ -37,7 +37,7 @@ def data_dir(tmp_path_factory):
 def loaded(directory, **fields):
     """model_gpt2.Model through pretrained.py, in eval mode."""
     cfg = model_gpt2.Config(**{'seg_len': T, **fields})
-    cfg, model, _ = pretrained.init_from_gpt2(f'gpt2:{directory}', 'gpt2', model_gpt2, cfg, set(fields))
+    cfg, model, _, _ = pretrained.init_from_gpt2(f'gpt2:{directory}', 'gpt2', model_gpt2, cfg, set(fields))
     return model.eval()
 
 
@@ -292,7 +292,7 @@ def test_a_memory_forms_own_parameters_are_left_at_init(hub_dir):
 
     class module:
         Model, Config = WithMemory, model_gpt2.Config
-    _, model, note = pretrained.init_from_gpt2(f'gpt2:{directory}', 'gpt2', module, model_gpt2.Config(seg_len=T),
+    _, model, note, _ = pretrained.init_from_gpt2(f'gpt2:{directory}', 'gpt2', module, model_gpt2.Config(seg_len=T),
                                                set())
     assert torch.equal(model.memory_gate, torch.full((3,), 0.5))
     assert note.endswith('left at init: memory_gate')

@@ -401,7 +401,7 @@ def test_loaded_through_pretrained_py_it_is_gpt2_without_the_memory_and_beta_sta
     given = {'seg_len', 'dropout', 'compressive_memory'}
     for on in (False, True):
         config = Config(seg_len=16, dropout=0.0, compressive_memory=on)
-        _, model, note = pretrained.init_from_gpt2(f'gpt2:{directory}', 'infini_gpt2', model_infini_gpt2, config,
+        _, model, note, _ = pretrained.init_from_gpt2(f'gpt2:{directory}', 'infini_gpt2', model_infini_gpt2, config,
                                                    given)
         assert note.endswith('left at init: transformer.h.*.attn.beta')
         assert all(torch.equal(block.attn.beta, torch.full((2,), -4.0)) for block in model.transformer.h)

@@ -196,39 +196,68 @@ CODE_ROWS = {
     'control: XL trained with 512': ('xl_mem512', 'xl_mem512'),
 }
 CODE_HEADER = 'XL against none (share of the bytes)'
+CODE_TABLE = dict(name='code', header=CODE_HEADER, rows=CODE_ROWS, known_name='CODE_ROWS', demos='demos_code.json',
+                  copy='longdoc_demos_code_copy_reach_with_xl_at512.json', baseline='baseline')
 
 
-def code_mismatches(text):
-    """The code calibration's table: validation loss (demos_code.json), the share of the bytes in each copy-distance
-    bucket and each Δ bits per byte ± its s.e. over files and seeds (longdoc_demos_code_copy_reach_with_xl_at512.json:
-    the calibration's runs and XL's read with 512 slots)."""
-    errors = []
-    header, rows = table(text, CODE_HEADER)
+def copy_table_mismatches(text, spec):
+    """A table by copy distance (the code suites'): per row, from spec's JSONs, the validation loss (spec['demos']:
+    its runs' mean ± std), its difference to the baseline run ('− ...'), the loss with its memory emptied ('memory
+    emptied': the demos JSON's evals), the Δ bits per byte ± s.e. over files and seeds at a segment's first 4 bytes
+    ('segment start': spec['segment']) and in each copy-distance bucket (a header 'BUCKET SHARE%': spec['copy'], the
+    share of the bytes in it checked too)."""
+    errors, where = [], spec['name'] + ' table'
+    header, rows = table(text, spec['header'])
     if header is None:
-        return [f'the code table (header "| {CODE_HEADER} |") is not in the README']
-    runs, copy = load('demos_code.json')['runs'], load('longdoc_demos_code_copy_reach_with_xl_at512.json')
+        return [f'the {where} (header "| {spec["header"]} |") is not in the README']
+    demos = load(spec['demos'])
+    runs, evals = demos['runs'], demos.get('evals', {})
+    copy = load(spec['copy'])
+    base_run = runs[spec['baseline']]['mean']
     buckets = {}
-    for head in header[2:]:
-        name, share = head.rsplit(' ', 1)
-        row = next((b for b in copy['labels']['baseline']['buckets'] if b['bucket'] == name), None)
+    for head in header[1:]:
+        name, _, share = head.rpartition(' ')
+        if not share.endswith('%'):
+            continue
+        row = next((b for b in copy['labels'][spec['baseline']]['buckets'] if b['bucket'] == name), None)
         if row is None:
-            errors.append(f'code table: no bucket {name!r} in the copy-distance JSON')
+            errors.append(f'{where}: no bucket {name!r} in {spec["copy"]}')
             continue
         buckets[head] = name
         if not same(share.rstrip('%'), 100 * row['share']):
-            errors.append(f'code table: {head!r}, the JSON has {100 * row["share"]:.2f}%')
-    for label, cells, (run, key) in known_rows(rows, CODE_ROWS, 'CODE_ROWS', 'code', errors):
-        if run is not None:
-            check_cell(errors, f'code table, {label!r}, validation', cells[1], runs[run]['mean'], runs[run]['std'])
-        elif cells[1]:
-            errors.append(f'code table, {label!r}: a validation loss where the JSON has none')
-        by_bucket = {b['bucket']: b for b in copy['labels'][key]['buckets']}
-        for head, cell in zip(header[2:], cells[2:]):
-            if head in buckets:
-                row = by_bucket[buckets[head]]
-                check_cell(errors, f'code table, {label!r}, {head!r}', cell, row['diff_bpc'],
-                           row['diff_bpc_se_total'] if key != 'baseline' else None)
+            errors.append(f'{where}: {head!r}, the JSON has {100 * row["share"]:.2f}%')
+    for label, cells, (run, key) in known_rows(rows, spec['rows'], spec['known_name'], spec['name'], errors):
+        for head, cell in zip(header[1:], cells[1:]):
+            at = f'{where}, {label!r}, {head!r}'
+            if head.startswith('validation'):
+                if run is not None:
+                    check_cell(errors, at, cell, runs[run]['mean'], runs[run]['std'])
+                elif cell:
+                    errors.append(f'{at}: a validation loss where the JSON has none')
+            elif head.startswith('− '):
+                check_cell(errors, at, cell, runs[run]['mean'] - base_run)
+            elif head == 'memory emptied':
+                emptied = evals.get(f'{run}_emptied')
+                if emptied is None:
+                    if cell:
+                        errors.append(f'{at}: {cell!r}, the JSON has no emptied evaluation')
+                else:
+                    check_cell(errors, at, cell, emptied['mean'], emptied['std'])
+            elif head == 'segment start':
+                row = next(b for b in load(spec['segment'])['labels'][key]['buckets'] if b['bucket'] == '[0,4)')
+                check_cell(errors, at, cell, row['diff_bpc'], row['diff_bpc_se_total'] if run != spec['baseline']
+                           else None)
+            elif head in buckets:
+                row = next(b for b in copy['labels'][key]['buckets'] if b['bucket'] == buckets[head])
+                check_cell(errors, at, cell, row['diff_bpc'],
+                           row['diff_bpc_se_total'] if key != spec['baseline'] else None)
+            else:
+                errors.append(f'{where}: column {head!r} has no check')
     return errors
+
+
+def code_mismatches(text):
+    return copy_table_mismatches(text, CODE_TABLE)
 
 
 def prose_mismatches(text):

@@ -77,9 +77,10 @@ def test_every_form_starts_from_our_gpt2_bit_for_bit(trained, form, source):
     out, hub = trained
     module = train.import_model(form)
     cfg = module.Config(seg_len=GPT2['seg_len'], **FORM_FIELDS[form])
-    _, model, note = pretrained.init_from_gpt2(f"gpt2:{out if source == 'out_dir' else hub}", form, module, cfg,
-                                               set(FORM_FIELDS[form]))
+    _, model, note, meta = pretrained.init_from_gpt2(f"gpt2:{out if source == 'out_dir' else hub}", form, module, cfg,
+                                                     set(FORM_FIELDS[form]))
     assert ('ckpt.pt' if source == 'out_dir' else 'model.safetensors') in note
+    assert meta is None if source == 'export' else meta == load(out / 'ckpt.pt')['tokenizer']   # the tokens they read
     saved = load(out / 'ckpt.pt')['model']
     params = dict(model.named_parameters(remove_duplicate=False))
     names = pretrained.gpt2_names(GPT2['n_layer'])
