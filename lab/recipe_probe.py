@@ -8,7 +8,8 @@ and one pass over validation segments:
 - Compressive (compressive_gpt2): nothing read from its weights here; its validation loss with the memory emptied is
   in bench/results/demos_gpt2.json.
 
-    python lab/recipe_probe.py --runs=out-demos-gpt2/infini_linear/seed1,out-demos-gpt2/infformer/seed1
+    python lab/recipe_probe.py --runs=out-demos-gpt2/infini_linear/seed1,out-demos-gpt2/infformer/seed1 \
+        --out=lab/results/recipe_probe.json
 """
 
 import dataclasses
@@ -28,6 +29,7 @@ class ProbeConfig:
     runs: str = ''               # out_dirs (or checkpoint paths), comma-separated
     segments: int = 64           # validation segments a row reads (infformer_gpt2), the memory carried
     batch_size: int = 8          # rows
+    out: str = ''                # also write the report here as JSON ('' = print it only)
 
 
 def gates(model):
@@ -84,6 +86,8 @@ def main(argv=None):
             else:
                 report[run] = {'model': name}
             print(run, json.dumps(report[run]), flush=True)
+        if cfg.out:
+            common.write_json(cfg.out, {'runs': report}, 'lab/recipe_probe.py', argv)
         return report
     sys.path.insert(0, str(train.REPO / 'bench'))
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
