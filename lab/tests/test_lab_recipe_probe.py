@@ -24,7 +24,8 @@ def test_infini_gates_and_infformer_loudness(data, tmp_path, capsys):
     train.train(flags(data, infini, dict(model='infini_gpt2', gate_init=-2.0, **SMALL), max_iters=2))
     train.train(flags(data, infformer, dict(model='infformer_gpt2', n_basis=4, n_samples=4, **SMALL), max_iters=2))
     capsys.readouterr()
-    recipe_probe.main([f'--runs={infini},{infformer}', '--segments=4', '--batch_size=2', f'--out={tmp_path / "r.json"}'])
+    recipe_probe.main([f'--runs={infini},{infformer}', '--segments=4', '--batch_size=2',
+                       f'--out={tmp_path / "r.json"}'])
     lines = capsys.readouterr().out.strip().splitlines()[:2]
     written = json.loads((tmp_path / 'r.json').read_text())['runs']
     assert [json.loads(line.split(' ', 1)[1]) for line in lines] == list(written.values())
