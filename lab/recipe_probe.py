@@ -6,7 +6,7 @@ and one pass over validation segments:
 - ∞-former (infformer_gpt2): how loud the LTM's read is, RMS(Z_LTM) / RMS(Z_T) per layer (Eq. 12: Z = Z_T + Z_LTM),
   over the validation segments whose row has an LTM to read.
 - Compressive (compressive_gpt2): nothing read from its weights here; its validation loss with the memory emptied is
-  in bench/results/demos_gpt2.json.
+  in bench/results/demos_gpt2.json (demos_code_gpt2.json for the recipe on code).
 
     python lab/recipe_probe.py --runs=out-demos-gpt2/infini_linear/seed1,out-demos-gpt2/infformer/seed1 \
         --out=lab/results/recipe_probe.json
