@@ -228,10 +228,10 @@ GPT2_ABLATIONS = {}
 # streams, or Infini's 2 x 4 segments) and the code suite's evaluation, and fine-tune 1,500 steps (1.5M bytes, an
 # eighth of the half; after the gpt2 suite's 300 the ∞-former's memory was not read, emptying it cost 0.0004 nats:
 # lab/LOG.md, 2026-12-02), at the configs' rates (5e-5, the ∞-former authors'); CODE_GPT2_SCALED scale each memory
-# with the segment as its gpt2 config scales it to 64 tokens: the ∞-former's N = L = 128 basis functions and M = 2N samples
-# (its LTM still emptied at 512 = 4 segments, the paper's threshold), Compressive's 128 compressed slots (N's count) at
-# rate 2, reaching 256 back. The same evaluations (GPT2_EVALS: each memory emptied), read by position, in the segment,
-# and by copy distance (longdoc --position=copy, each form paired with gpt2), in two bucket sets:
+# with the segment as its gpt2 config scales it to 64 tokens: the ∞-former's N = L = 128 basis functions and M = 2N
+# samples (its LTM still emptied at 512 = 4 segments, the paper's threshold), Compressive's 128 compressed slots (N's
+# count) at rate 2, reaching 256 back. The same evaluations (GPT2_EVALS: each memory emptied), read by position, in
+# the segment, and by copy distance (longdoc --position=copy, each form paired with gpt2), in two bucket sets:
 # - '_copy': the code suite's byte buckets;
 # - '_copy_reach': where each memory can reach behind a 128-byte segment: [1,128) the window (GPT-2 alone copies
 #   there), [128,384) within Compressive's 256 bytes, [384,640) within the ∞-former's LTM (up to 512 bytes, then
