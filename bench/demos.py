@@ -19,6 +19,11 @@ with its memory emptied as in training); --results names another folder.
 An ablation's JSON also holds 'vs_as_trained': the ablation minus the same checkpoints read as trained, paired by
 document and seed (same_weights).
 
+What a finished run leaves outlives its out_dir: RESULTS/demos[_NAME]_runs/LABEL/seedS holds its last evaluation
+(final.json) and, per --split, its readings by bench/longdoc.py (one run each: longdoc[READING].json, written when
+the run finishes), and the tables above are built from those (longdoc --reuse), so runs can finish across machines
+or sessions and a run whose out_dir is gone still counts as finished and is not trained again.
+
 --suite=bytes runs the byte-level comparison instead (does a memory pay beyond its window at
 byte level?): config/xl_bytes_demo.py (vocabulary 256, segment 128, 1,500 steps) without memory, with a memory of 128
 and with one of 512, read by position in bytes (BYTE_BUCKETS); the Compressive Transformer reaching as far as the
@@ -336,6 +341,26 @@ def final_eval(out_dir):
     return evals[-1] if evals else None
 
 
+def results_dir(cfg):
+    return Path(cfg.results or common.RESULTS)
+
+
+def kept_root(cfg):
+    return results_dir(cfg) / (f'demos_{cfg.name}_runs' if cfg.name else 'demos_runs')
+
+
+def record_dir(cfg, label, seed):
+    """What a finished run keeps in the results folder: final.json (its last evaluation), eval_*.json (train.py
+    --eval_only's, cfg.table.evals) and SPLIT/longdoc[READING].json (its readings, one run each)."""
+    return kept_root(cfg) / label / f'seed{seed}'
+
+
+def kept_eval(cfg, label, seed):
+    """The last evaluation a finished run kept in record_dir (final.json), or None."""
+    path = record_dir(cfg, label, seed) / 'final.json'
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def max_iters(cfg, label):
     """max_iters of a run as train.py will see it (config file, then --overrides)."""
     config, flags = cfg.table.variants[label]
@@ -344,8 +369,58 @@ def max_iters(cfg, label):
 
 
 def is_done(cfg, label, seed):
-    record = final_eval(run_dir(cfg, label, seed))
+    """Has the run finished: its out_dir's log, or the last evaluation it kept (its out_dir may be gone), has the
+    evaluation at max_iters?"""
+    record = final_eval(run_dir(cfg, label, seed)) or kept_eval(cfg, label, seed)
     return record is not None and record['step'] >= max_iters(cfg, label)
+
+
+def readings(cfg, label):
+    """The bench/longdoc.py readings a run of label keeps: [(READING, label read as, flags)]: by position, in the
+    segment, by copy distance, and for each ablation of it the same but in the segment."""
+    t = cfg.table
+    sets = [('', [f'--buckets={t.buckets}'])]
+    if t.segment_buckets:
+        sets.append(('_segment', ['--position=segment', f'--buckets={t.segment_buckets}']))
+    sets += [(name, ['--position=copy', f'--buckets={b}']) for name, b in (t.copy_buckets or {}).items()]
+    out = [(name, label, flags) for name, flags in sets]
+    for ablation, (variant, flags) in t.ablations.items():
+        if variant == label:
+            out += [(f'_{ablation}{name}', ablation, [*flags, *more]) for name, more in sets if name != '_segment']
+    return out
+
+
+def reading_path(cfg, label, seed, reading):
+    return record_dir(cfg, label, seed) / cfg.split.replace(',', '+') / f'longdoc{reading}.json'
+
+
+def keep_results(cfg, label, seed, threads=0):
+    """Keep what a finished run leaves in record_dir: its last evaluation and (with --longdoc) its readings by
+    bench/longdoc.py, each in a subprocess of `threads` threads (0 = every core). A run trained again (its out_dir's
+    last evaluation is no longer the kept one) has its old readings replaced. Readings already kept are not read
+    again; one whose out_dir is gone cannot be read: a one-line error."""
+    out, record = run_dir(cfg, label, seed), record_dir(cfg, label, seed)
+    final = final_eval(out)
+    if final is not None and final['step'] >= max_iters(cfg, label) and final != kept_eval(cfg, label, seed):
+        for path in record.glob('*/longdoc*.json'):              # another run's readings
+            path.unlink()
+        record.mkdir(parents=True, exist_ok=True)
+        (record / 'final.json').write_text(json.dumps(final) + '\n')
+    if not cfg.longdoc:
+        return
+    for reading, as_label, flags in readings(cfg, label):
+        path = reading_path(cfg, label, seed, reading)
+        if path.exists():
+            continue
+        if not (out / 'ckpt.pt').exists():
+            raise train.UserError(f"{label} seed {seed}: no reading {path.name} kept in {path.parent}, and "
+                                  f"{out / 'ckpt.pt'} is gone: train the run again to read it")
+        cmd = ['bench/longdoc.py', f'--runs={as_label}:{out}', *flags, f'--split={cfg.split}', '--plot=False',
+               f'--out={path}']
+        code = launch(cmd, threads or os.cpu_count() or 1, record / 'longdoc.out')
+        if code or not path.exists():
+            raise train.UserError(f"{shlex.join(cmd)} failed (exit {code}): see {record / 'longdoc.out'}")
+        path.write_text(json.dumps(json.loads(path.read_text()), separators=(',', ':')) + '\n')   # kept: compact
 
 
 def pretrain_dir(cfg):
@@ -392,6 +467,7 @@ def eval_only(cmd, path):
     """train.py --eval_only's JSON line, from path, or (the first time) from running cmd and writing path."""
     if not path.exists():
         print('python', shlex.join(cmd), flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         proc = subprocess.run([sys.executable, *cmd], cwd=common.REPO, capture_output=True, text=True)
         if proc.returncode:
             raise train.UserError(f"{shlex.join(cmd)}: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -404,9 +480,10 @@ def pretrained_eval(cfg):
     config, flags = cfg.table.variants[cfg.table.baseline]
     cmd = ['train.py', config, *flags, f'--out_dir={pretrain_dir(cfg)}', '--init_from=resume', '--eval_only=True',
            *shlex.split(cfg.overrides)]
-    if not pretrain_done(cfg):
+    kept = kept_root(cfg) / 'pretrain' / f'eval_as_{cfg.table.baseline}.json'
+    if not pretrain_done(cfg) and not kept.exists():
         return {'validation/loss': None, 'command': ' '.join(['python', *cmd])}
-    record = eval_only(cmd, pretrain_dir(cfg) / f'eval_as_{cfg.table.baseline}.json')
+    record = eval_only(cmd, kept)
     return {'validation/loss': record['validation/loss'], 'command': ' '.join(['python', *cmd])}
 
 
@@ -421,7 +498,7 @@ def evaluate_otherwise(cfg, labels, seeds):
         for s in seeds:
             if not is_done(cfg, variant, s):
                 continue
-            record = eval_only(eval_command(cfg, label, s), run_dir(cfg, variant, s) / f'eval_{label}.json')
+            record = eval_only(eval_command(cfg, label, s), record_dir(cfg, variant, s) / f'eval_{label}.json')
             losses[s] = record['validation/loss']
         values = list(losses.values())
         out[label] = {'seeds': losses, 'mean': sum(values) / len(values) if values else None,
@@ -451,9 +528,14 @@ def train_all(cfg, labels, seeds):
     if cfg.dry_run or not todo:
         return
     print(f"{len(todo)} runs, {cfg.jobs} at a time, {threads} threads each; output in OUT/train.out", flush=True)
+    def run(label, s):                  # train, then keep its results (and readings) at once, with the same threads
+        code = launch(command(cfg, label, s), threads, run_dir(cfg, label, s) / 'train.out')
+        if is_done(cfg, label, s):
+            keep_results(cfg, label, s, threads)
+        return code
+
     with concurrent.futures.ThreadPoolExecutor(cfg.jobs) as pool:
-        futures = {pool.submit(launch, command(cfg, label, s), threads,
-                               run_dir(cfg, label, s) / 'train.out'): (label, s) for label, s in todo}
+        futures = {pool.submit(run, label, s): (label, s) for label, s in todo}
         for f in concurrent.futures.as_completed(futures):
             label, s = futures[f]
             record = final_eval(run_dir(cfg, label, s))
@@ -465,7 +547,8 @@ def summary(cfg, labels, seeds):
     """{label: {'seeds': {seed: loss}, 'mean', 'std'}} over the finished runs."""
     out = {}
     for label in labels:
-        losses = {s: final_eval(run_dir(cfg, label, s))['validation/loss'] for s in seeds if is_done(cfg, label, s)}
+        losses = {s: (final_eval(run_dir(cfg, label, s)) or kept_eval(cfg, label, s))['validation/loss']
+                  for s in seeds if is_done(cfg, label, s)}
         values = list(losses.values())
         out[label] = {'seeds': losses, 'mean': sum(values) / len(values) if values else None,
                       'std': longdoc.std(values), 'command': ' '.join(['python', *command(cfg, label, '{seed}')])}
@@ -504,6 +587,13 @@ def main(argv=None):
             train_all(cfg, labels, seeds)
         if cfg.dry_run:
             return
+        done = {label: [s for s in seeds if is_done(cfg, label, s)] for label in labels}
+        if not any(done.values()):
+            raise train.UserError(f"no finished run of {cfg.variants} (seeds {cfg.seeds}) in {cfg.out_root} or "
+                                  f"{kept_root(cfg)}: nothing to summarise")
+        for label, kept in done.items():              # runs finished before (or by another bench/demos.py)
+            for s in kept:
+                keep_results(cfg, label, s)
         result = summary(cfg, labels, seeds)
         print("\nvalidation loss (nats/token) over seeds")
         for label, r in result.items():
@@ -517,44 +607,45 @@ def main(argv=None):
             print(f"  {'pretrained (step 0)':20s} {longdoc.fmt(payload['pretrained']['validation/loss'])}")
             for label, r in payload['evals'].items():
                 print(f"  {label:20s} {longdoc.fmt(r['mean'])} +- {longdoc.fmt(r['std'])}   ({len(r['seeds'])} seeds)")
-        suffix, results = (f'_{cfg.name}' if cfg.name else ''), Path(cfg.results or common.RESULTS)
+        suffix, results = (f'_{cfg.name}' if cfg.name else ''), results_dir(cfg)
         common.write_json(results / f'demos{suffix}.json', payload, 'bench/demos.py', argv)
-        done = {label: [str(run_dir(cfg, label, s)) for s in seeds if is_done(cfg, label, s)] for label in labels}
-        groups = {label: f"{label}:{','.join(dirs)}" for label, dirs in done.items() if dirs}   # longdoc --runs
-        base = [f'--baseline={cfg.table.baseline}'] if cfg.table.baseline in groups else []
+        done = {label: seeds for label, seeds in done.items() if seeds}
+        base = [f'--baseline={cfg.table.baseline}'] if cfg.table.baseline in done else []
 
-        def longdoc_to(name, runs, *flags, buckets=cfg.table.buckets):   # -> longdoc_demos[_NAME]{name}.json
-            longdoc.main([f"--runs={';'.join(runs)}", *flags, f'--split={cfg.split}', f'--buckets={buckets}',
+        def kept(label, reading, variant=None):        # the kept readings of a label's finished runs
+            return [str(reading_path(cfg, variant or label, s, reading)) for s in done[variant or label]]
+
+        def longdoc_to(name, files, *flags):          # -> longdoc_demos[_NAME]{name}.json, from the kept readings
+            longdoc.main([f"--reuse={','.join(files)}", *flags, f'--split={cfg.split}',
                           f'--out={results / f"longdoc_demos{suffix}{name}.json"}'])
 
-        if cfg.longdoc and groups:
-            longdoc_to('', groups.values(), *base)
-            if cfg.table.segment_buckets:                # the same tokens by their index in their segment
-                longdoc_to('_segment', groups.values(), *base, '--position=segment',
-                           buckets=cfg.table.segment_buckets)
-            for name, buckets in (cfg.table.copy_buckets or {}).items():   # by how far back they could be copied from
-                longdoc_to(name, groups.values(), *base, '--position=copy', buckets=buckets)
-            for control, others in cfg.table.matched.items():   # the same comparison against a matched control
-                here = [groups[x] for x in (control, *others) if x in groups]
-                if control in groups and len(here) > 1:
-                    longdoc_to(f'_vs_{control}', here, f'--baseline={control}')
-            for label, (variant, flags) in cfg.table.ablations.items():   # the same checkpoints, read otherwise
-                if variant in groups:
-                    longdoc_to(f'_{label}', [f"{label}:{','.join(done[variant])}"], *flags)
-                    rows = same_weights(results / f'longdoc_demos{suffix}_{label}.json',
-                                        results / f'longdoc_demos{suffix}.json')
+        if not cfg.longdoc:
+            return
+        sets = {reading: flags for reading, _, flags in readings(cfg, '')}   # by position, in the segment, by copy
+        for reading, flags in sets.items():
+            longdoc_to(reading, [f for label in done for f in kept(label, reading)], *base, *flags)
+        for control, others in cfg.table.matched.items():   # the same comparison against a matched control
+            here = [x for x in (control, *others) if x in done]
+            if control in done and len(here) > 1:
+                longdoc_to(f'_vs_{control}', [f for x in here for f in kept(x, '')], f'--baseline={control}',
+                           *sets[''])
+        for label, (variant, flags) in cfg.table.ablations.items():   # the same checkpoints, read otherwise
+            if variant not in done:
+                continue
+            for reading in sets:
+                if reading == '_segment':
+                    continue
+                longdoc_to(f'_{label}{reading}', kept(label, f'_{label}{reading}', variant), *flags, *sets[reading])
+                rows = same_weights(results / f'longdoc_demos{suffix}_{label}{reading}.json',
+                                    results / f'longdoc_demos{suffix}{reading}.json')
+                if not reading:
                     print(f"{label} - {variant} (same weights, nats):",
                           '  '.join(f"{r['bucket']} {longdoc.fmt(r['diff_nll'], '.4f', True)} +- "
                                     f"{longdoc.fmt(r['diff_nll_se'])}" for r in rows))
-                    for name, buckets in (cfg.table.copy_buckets or {}).items():   # the same, by copy distance
-                        longdoc_to(f'_{label}{name}', [f"{label}:{','.join(done[variant])}"], *flags,
-                                   '--position=copy', buckets=buckets)
-                        same_weights(results / f'longdoc_demos{suffix}_{label}{name}.json',
-                                     results / f'longdoc_demos{suffix}{name}.json')
-                        if label in cfg.table.joined:            # one comparison (and figure) with the runs
-                            longdoc_to(f'{name}_with_{label}', [f"{label}:{','.join(done[variant])}"], *flags, *base,
-                                       '--position=copy', f"--reuse={results / f'longdoc_demos{suffix}{name}.json'}",
-                                       buckets=buckets)
+                if reading and label in cfg.table.joined:       # one comparison (and figure) with the runs
+                    longdoc_to(f'{reading}_with_{label}', [*kept(label, f'_{label}{reading}', variant),
+                                                           *(f for x in done for f in kept(x, reading))],
+                               *base, *flags, *sets[reading])
     train.run_cli(go, sys.argv[1:] if argv is None else argv)
 
 

@@ -25,11 +25,12 @@ documents. Eval mode, no gradient; --eval_mem_len gives a model that has mem_len
 train.py --eval_only --mem_len=... does: the weights are the same). --reset_every=k also empties the memory before
 segments k, 2k, ... of every document, as train.py's reset_every does in training and evaluation (Infini-attention's
 inputs of k segments); -1 takes each run's own training value.
---reuse=EARLIER.json adds the labels of an earlier result of this script to the comparison, from the per-document
-sums it kept (doc_nll_sums): checkpoints that are gone can still be compared with, as long as the same documents are
-read into the same buckets (checked against its doc_tokens, doc_bytes, bucket_edges, position and copy_ngram). A
-checkpoint read here and in the earlier result (with another --eval_mem_len, say) keeps both readings, the earlier
-named 'RUN (LABEL)'.
+--reuse=EARLIER.json[,MORE.json...] adds the labels of earlier results of this script to the comparison, from the
+per-document sums they kept (doc_nll_sums): checkpoints that are gone can still be compared with, as long as the same
+documents are read into the same buckets (checked against its doc_tokens, doc_bytes, bucket_edges, position and
+copy_ngram). The runs of one label in several of them are that label's seeds; --runs may then be left out (the
+documents are the first result's data_dir, or --data_dir). A checkpoint read under two labels (here and in an
+earlier result, with another --eval_mem_len, say) keeps both readings, the earlier result's named 'RUN (LABEL)'.
 
 Buckets of position (--buckets=64,256,1024,4096, the default -> [0,64) [64,256) [256,1024) [1024,4096)
 [4096,end)). Per run, per bucket: the mean NLL per token (nats): total NLL / tokens of the bucket over all
@@ -130,8 +131,9 @@ class LongDocConfig:
     out: str = ''                     # the JSON path ('' = from --name); the plot goes next to it (.png)
     plot: bool = True
     cache: bool = True                # keep each run's per-token NLLs next to its checkpoint (<ckpt>.longdoc-*.npz)
-    reuse: str = ''                   # an earlier longdoc JSON: its labels join the comparison from the per-document
-                                      # sums it kept, without their checkpoints (same documents and buckets only)
+    reuse: str = ''                   # earlier longdoc JSONs (comma-separated): their labels join the comparison from
+                                      # the per-document sums kept, without their checkpoints (same documents and
+                                      # buckets only); the runs of one label in several are its seeds
 
     def __post_init__(self):
         for name in ('max_tokens_per_doc', 'max_docs'):
@@ -198,8 +200,6 @@ def parse_runs(value):
     twice = [p for p in seen if seen.count(p) > 1]
     if twice:
         raise train.UserError(f"--runs: {twice[0]} is given twice")
-    if not labels:
-        raise train.UserError("--runs is required: --runs=LABEL:OUT_DIR,OUT_DIR,... (one out_dir or ckpt per seed)")
     return labels
 
 
@@ -682,26 +682,32 @@ def write_cache(cache, nlls):
         tmp.replace(cache)
 
 
-def read_reused(path, labels):
-    """--reuse: an earlier result of this script (its labels must not be those of --runs)."""
-    try:
-        old = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise train.UserError(f"--reuse={path}: cannot read it ({e})") from None
-    missing = [k for k in ('labels', 'runs', 'doc_tokens', 'bucket_edges') if not isinstance(old, dict) or k not in old]
-    if missing:
-        raise train.UserError(f"--reuse={path}: not a longdoc result (no {missing[0]!r})")
-    twice = sorted(set(old['labels']) & set(labels))
-    if twice:
-        raise train.UserError(f"--reuse={path}: the label {twice[0]!r} is also in --runs")
-    return old
+def read_reused(value, labels):
+    """--reuse: earlier results of this script (comma-separated paths; their labels must not be those of --runs).
+    -> [(path, result)]"""
+    out = []
+    for path in [p for p in value.split(',') if p]:
+        try:
+            old = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise train.UserError(f"--reuse={path}: cannot read it ({e})") from None
+        missing = [k for k in ('labels', 'runs', 'doc_tokens', 'bucket_edges')
+                   if not isinstance(old, dict) or k not in old]
+        if missing:
+            raise train.UserError(f"--reuse={path}: not a longdoc result (no {missing[0]!r})")
+        twice = sorted(set(old['labels']) & set(labels))
+        if twice:
+            raise train.UserError(f"--reuse={path}: the label {twice[0]!r} is also in --runs")
+        out.append((path, old))
+    return out
 
 
-def add_reused(path, old, labels, runs, edges, position='document', ngram=None):
-    """Add the labels of an earlier result to labels and runs, each run's sums rebuilt from its doc_nll_sums and the
-    token and byte counts of this reading, which must be the earlier one's (same documents, same buckets: edges,
-    position or copy distance, and its n-grams)."""
-    _, N, Y = next(iter(runs.values()))['sums']
+def add_reused(path, old, labels, runs, counts, edges, position='document', ngram=None):
+    """Add the labels of an earlier result to labels and runs (a label already there from another earlier result
+    gains its runs: more seeds), each run's sums rebuilt from its doc_nll_sums and counts = (N, Y), the token and
+    byte counts of this reading, which must be the earlier one's (same documents, same buckets: edges, position or
+    copy distance, and its n-grams)."""
+    N, Y = counts
     same_bytes = old.get('doc_bytes') is None or np.array_equal(np.asarray(old['doc_bytes']), Y)
     old_position = old.get('position', (old.get('config') or {}).get('position', 'document'))
     if list(old['bucket_edges']) != list(edges) or not np.array_equal(np.asarray(old['doc_tokens']), N) \
@@ -710,15 +716,33 @@ def add_reused(path, old, labels, runs, edges, position='document', ngram=None):
         raise train.UserError(f"--reuse={path} read other documents or buckets (by {by}, its bucket edges "
                               f"{old['bucket_edges']}; pass the same --split, --position, --copy_ngram, --buckets "
                               f"and --max_* flags)")
-    read_here = {common.relative_paths(str(run)) for run in runs}
+    taken = {common.relative_paths(str(run)): info['label'] for run, info in runs.items()}   # key -> its label
     for label, lab in old['labels'].items():
-        # a run read here too (another --eval_mem_len, say) keeps both readings: the earlier one as 'RUN (LABEL)'
-        keys = {run: f'{run} ({label})' if run in read_here else run for run in lab['runs']}
-        labels[label] = list(keys.values())
+        # a run already read under another label (here, with another --eval_mem_len, say) keeps both readings: this
+        # one as 'RUN (LABEL)'; under the same label it would count one seed twice
+        twice = [run for run in lab['runs'] if taken.get(run) == label or f'{run} ({label})' in taken]
+        if twice:
+            raise train.UserError(f"--reuse={path}: {twice[0]} of {label!r} is in an earlier --reuse result too")
+        keys = {run: f'{run} ({label})' if run in taken else run for run in lab['runs']}
+        labels.setdefault(label, []).extend(keys.values())
         for run, key in keys.items():
             info = old['runs'][run]
             runs[key] = {**{k: v for k, v in info.items() if k not in ('buckets', 'doc_nll_sums')},
                          'sums': (np.asarray(info['doc_nll_sums'], dtype=np.float64), N, Y)}
+            taken[key] = label
+
+
+def reused_counts(cfg, reused, docs):
+    """Without --runs: the documents of the first earlier result (or --data_dir) and each document's token and
+    byte counts per bucket (N, Y), from its seg_len by position in the segment. -> (docs, (N, Y))"""
+    path, first = reused[0]
+    docs = read_docs(cfg.data_dir or train.REPO / first['data_dir'], cfg.split, cfg.max_tokens_per_doc, cfg.max_docs)
+    seg_len = (next(iter(first['runs'].values())).get('seg_len') or 0) if cfg.position == 'segment' else 0
+    distances = ([copy_distances(t, copy_ngram(cfg.copy_ngram, docs.tokenizer)) for t in docs.tokens]
+                 if cfg.position == 'copy' else None)
+    zeros = [np.zeros(max(0, len(t) - 1)) for t in docs.tokens]
+    _, N, Y = bucket_sums(zeros, docs.tokens, cfg.bucket_edges(), docs.byte_lengths, seg_len, distances)
+    return docs, (N, Y)
 
 
 def result_ngram(cfg, docs):
@@ -765,16 +789,23 @@ def main(argv=None):
     def go(argv):
         cfg = common.parse(gather_runs_flags(argv), LongDocConfig)
         labels = parse_runs(cfg.runs)
-        reused = read_reused(cfg.reuse, labels) if cfg.reuse else {}
-        known = list(labels) + list(reused.get('labels', {}))
+        reused = read_reused(cfg.reuse, labels)
+        if not labels and not reused:
+            raise train.UserError("--runs is required: --runs=LABEL:OUT_DIR,OUT_DIR,... (one out_dir or ckpt per seed),"
+                                  " or --reuse=EARLIER.json,...")
+        known = list(labels) + [label for _, old in reused for label in old['labels']]
         if cfg.baseline and cfg.baseline not in known:
             raise train.UserError(f"--baseline={cfg.baseline} is not a label of --runs or --reuse ({', '.join(known)})")
         cfg.bucket_edges()
         device, device_type = common.setup(cfg.device)
         dtype = train.resolve_dtype(cfg.dtype, device_type)
         docs, edges, runs = evaluate(cfg, labels, device, device_type, dtype)
-        if reused:
-            add_reused(cfg.reuse, reused, labels, runs, edges, cfg.position, result_ngram(cfg, docs))
+        if runs:
+            counts = next(iter(runs.values()))['sums'][1:]
+        else:
+            docs, counts = reused_counts(cfg, reused, docs)
+        for path, old in reused:
+            add_reused(path, old, labels, runs, counts, edges, cfg.position, result_ngram(cfg, docs))
         result = clean(build_result(cfg, labels, docs, edges, runs))
         n_pred = sum(max(0, len(t) - 1) for t in docs.tokens)
         print(f"\n{docs.split} of {docs.data_dir}: {len(docs.tokens)} documents, {n_pred:,} predicted tokens, "

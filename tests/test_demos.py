@@ -6,6 +6,7 @@ then bench/longdoc.py against the baseline).
 """
 
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import train
-from _train_util import assert_bad_input_is_one_line
+from _train_util import assert_bad_input_is_one_line, assert_one_line_error
 from test_longdoc import dataset
 from data.tokenizer import bytes_tokenizer
 
@@ -273,6 +274,24 @@ def test_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     demos.main(argv + ['--longdoc=False'])
     assert 'runs,' not in capsys.readouterr().out                      # nothing left to train
+    # what the runs kept outlives their out_dirs: the same results from the kept readings, nothing trained again
+    kept = demos.DemosConfig(out_root=str(tmp_path / 'runs'), results=str(tmp_path), split='validation')
+    assert demos.kept_eval(kept, 'xl', 2)['step'] == 2 and sorted(
+        p.name for p in demos.reading_path(kept, 'xl', 2, '').parent.iterdir()) == [
+        'longdoc.json', 'longdoc_xl_nomem.json']
+    before = {name: json.loads((tmp_path / name).read_text()) for name in ('demos.json', 'longdoc_demos.json',
+                                                                          'longdoc_demos_xl_nomem.json')}
+    shutil.rmtree(tmp_path / 'runs')
+    demos.main(argv)
+    assert 'runs,' not in capsys.readouterr().out
+    for name, old in before.items():
+        new = json.loads((tmp_path / name).read_text())
+        assert new['runs'] == old['runs'] and new.get('labels') == old.get('labels') and new.get(
+            'vs_as_trained') == old.get('vs_as_trained'), name
+    demos.reading_path(kept, 'xl', 1, '_xl_nomem').unlink()            # a reading lost with its checkpoint
+    with pytest.raises(SystemExit):
+        demos.main(argv)
+    assert "no reading longdoc_xl_nomem.json kept" in assert_one_line_error(capsys.readouterr().err)
 
 
 def test_code_suite_end_to_end(tmp_path):

@@ -449,6 +449,40 @@ def test_reuse_compares_with_an_earlier_result_as_if_read_together(runs, tmp_pat
                                                  f'--out={tmp_path}/x.json'] + common)
 
 
+def test_reuse_of_one_result_per_run_is_the_reading_together(runs, tmp_path, capsys):
+    """--reuse of several results, each one run (a label's seeds in separate results), without --runs: the same
+    labels, runs and numbers as reading every checkpoint together, by position in the segment and by copy distance
+    too (the documents and counts are rebuilt from the data); a reading reused twice is an error."""
+    data, out = runs
+    for position, buckets in (('document', '4,16,64'), ('segment', '2,4'), ('copy', '8,32')):
+        common = [f'--buckets={buckets}', f'--position={position}', '--device=cpu', '--plot=False']
+        longdoc.main([f"--runs=base:{','.join(map(str, out['base']))}", f"--runs=xl:{','.join(map(str, out['xl']))}",
+                      f'--out={tmp_path}/together.json'] + common)
+        parts = []
+        for label in ('base', 'xl'):
+            for i, run in enumerate(out[label]):
+                parts.append(tmp_path / f'{label}{i}.json')
+                longdoc.main([f'--runs={label}:{run}', f'--out={parts[-1]}'] + common)
+        longdoc.main([f"--reuse={','.join(map(str, parts))}", '--baseline=base', f'--out={tmp_path}/merged.json']
+                     + common)
+        together, merged = (json.loads((tmp_path / f).read_text()) for f in ('together.json', 'merged.json'))
+        assert merged['labels'].keys() == together['labels'].keys() and merged['runs'].keys() == together['runs'].keys()
+        assert merged['doc_tokens'] == together['doc_tokens'] and merged['bucket_names'] == together['bucket_names']
+        for label in ('base', 'xl'):
+            assert merged['labels'][label]['runs'] == together['labels'][label]['runs']
+            for a, b in zip(together['labels'][label]['buckets'], merged['labels'][label]['buckets']):
+                assert a.keys() == b.keys(), (position, label)
+                for k in a:
+                    if isinstance(a[k], float):
+                        assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12), (position, label, k)
+                    else:
+                        assert a[k] == b[k], (position, label, k)
+        assert merged['labels']['xl']['buckets'][1]['diff_nll'] not in (0, None)     # the comparison is not empty
+    assert 'in an earlier --reuse result too' in error_of(capsys, [f'--reuse={parts[0]},{parts[0]}',
+                                                                   f'--out={tmp_path}/x.json'] + common)
+    assert '--runs is required' in error_of(capsys, [f'--out={tmp_path}/x.json'] + common)
+
+
 def test_eval_mem_len_and_splits(runs, tmp_path):
     data, out = runs
     path = tmp_path / 'r.json'
