@@ -377,7 +377,7 @@ def is_done(cfg, label, seed):
 
 def readings(cfg, label):
     """The bench/longdoc.py readings a run of label keeps: [(READING, label read as, flags)]: by position, in the
-    segment, by copy distance, and for each ablation of it the same but in the segment."""
+    segment, by copy distance, and for each ablation of it (cfg.table.ablations) the same, bar in the segment."""
     t = cfg.table
     sets = [('', [f'--buckets={t.buckets}'])]
     if t.segment_buckets:
@@ -402,7 +402,7 @@ def keep_results(cfg, label, seed, threads=0):
     out, record = run_dir(cfg, label, seed), record_dir(cfg, label, seed)
     final = final_eval(out)
     if final is not None and final['step'] >= max_iters(cfg, label) and final != kept_eval(cfg, label, seed):
-        for path in record.glob('*/longdoc*.json'):              # another run's readings
+        for path in [*record.glob('*/longdoc*.json'), *record.glob('eval_*.json')]:   # another run's readings
             path.unlink()
         record.mkdir(parents=True, exist_ok=True)
         (record / 'final.json').write_text(json.dumps(final) + '\n')

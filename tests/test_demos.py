@@ -238,6 +238,27 @@ def test_finished_runs_and_summary(tmp_path):
     assert r['xl']['command'].startswith('python train.py config/xl_demo.py --seed={seed}')
 
 
+def test_a_run_kept_counts_as_finished_and_a_retrained_one_replaces_its_readings(tmp_path):
+    """What a finished run kept (final.json) makes it finished once its out_dir is gone; trained again (another last
+    evaluation in its out_dir), its old readings and evaluations are dropped and the new evaluation kept."""
+    c = cfg(tmp_path, overrides=' --max_iters=20', results=str(tmp_path / 'results'), longdoc=False)
+    fake_log(tmp_path / 'runs' / 'xl' / 'seed1', [(20, 4.5)])
+    demos.keep_results(c, 'xl', 1)
+    assert demos.kept_eval(c, 'xl', 1) == {'step': 20, 'validation/loss': 4.5}
+    stale = [demos.reading_path(c, 'xl', 1, ''), demos.record_dir(c, 'xl', 1) / 'eval_xl_nomem.json']
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{}')
+    shutil.rmtree(tmp_path / 'runs')
+    assert demos.is_done(c, 'xl', 1) and demos.summary(c, ['xl'], [1])['xl']['seeds'] == {1: 4.5}
+    demos.keep_results(c, 'xl', 1)                                       # nothing to replace
+    assert all(path.exists() for path in stale)
+    fake_log(tmp_path / 'runs' / 'xl' / 'seed1', [(20, 4.25)])          # trained again
+    demos.keep_results(c, 'xl', 1)
+    assert demos.kept_eval(c, 'xl', 1)['validation/loss'] == 4.25 and not any(path.exists() for path in stale)
+    assert not demos.is_done(cfg(tmp_path, overrides=' --max_iters=40', results=str(tmp_path / 'results')), 'xl', 1)
+
+
 def test_bad_input_is_a_one_line_error(tmp_path, capsys):
     assert_bad_input_is_one_line('bench/demos.py', demos.main, [f'--out_root={tmp_path}'], [
         (['--variants=xl,nope'], "'nope'"), (['--jobs=0'], 'jobs'), (['--threads=-1'], 'threads'),
