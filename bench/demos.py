@@ -358,7 +358,10 @@ def record_dir(cfg, label, seed):
 def kept_eval(cfg, label, seed):
     """The last evaluation a finished run kept in record_dir (final.json), or None."""
     path = record_dir(cfg, label, seed) / 'final.json'
-    return json.loads(path.read_text()) if path.exists() else None
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except ValueError:
+        raise train.UserError(f"{path} is damaged (not JSON): remove it to train the run again") from None
 
 
 def max_iters(cfg, label):

@@ -257,6 +257,10 @@ def test_a_run_kept_counts_as_finished_and_a_retrained_one_replaces_its_readings
     demos.keep_results(c, 'xl', 1)
     assert demos.kept_eval(c, 'xl', 1)['validation/loss'] == 4.25 and not any(path.exists() for path in stale)
     assert not demos.is_done(cfg(tmp_path, overrides=' --max_iters=40', results=str(tmp_path / 'results')), 'xl', 1)
+    shutil.rmtree(tmp_path / 'runs')
+    (demos.record_dir(c, 'xl', 1) / 'final.json').write_text('{"step": 2')
+    with pytest.raises(train.UserError, match='damaged'):
+        demos.is_done(c, 'xl', 1)
 
 
 def test_bad_input_is_a_one_line_error(tmp_path, capsys):
