@@ -420,9 +420,9 @@ def keep_results(cfg, label, seed, threads=0):
                                   f"{out / 'ckpt.pt'} is gone: train the run again to read it")
         cmd = ['bench/longdoc.py', f'--runs={as_label}:{out}', *flags, f'--split={cfg.split}', '--plot=False',
                f'--out={path}']
-        code = launch(cmd, threads or os.cpu_count() or 1, record / 'longdoc.out')
+        code = launch(cmd, threads or os.cpu_count() or 1, out / 'longdoc.out')      # its log stays with the run
         if code or not path.exists():
-            raise train.UserError(f"{shlex.join(cmd)} failed (exit {code}): see {record / 'longdoc.out'}")
+            raise train.UserError(f"{shlex.join(cmd)} failed (exit {code}): see {out / 'longdoc.out'}")
         path.write_text(json.dumps(json.loads(path.read_text()), separators=(',', ':')) + '\n')   # kept: compact
 
 
