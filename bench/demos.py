@@ -378,18 +378,24 @@ def is_done(cfg, label, seed):
     return record is not None and record['step'] >= max_iters(cfg, label)
 
 
-def readings(cfg, label):
-    """The bench/longdoc.py readings a run of label keeps: [(READING, label read as, flags)]: by position, in the
-    segment, by copy distance, and for each ablation of it (cfg.table.ablations) the same, bar in the segment."""
+def reading_sets(cfg, ablation=False):
+    """{READING: bench/longdoc.py flags}: by position, in the segment (not for an ablation), by copy distance."""
     t = cfg.table
-    sets = [('', [f'--buckets={t.buckets}'])]
-    if t.segment_buckets:
-        sets.append(('_segment', ['--position=segment', f'--buckets={t.segment_buckets}']))
-    sets += [(name, ['--position=copy', f'--buckets={b}']) for name, b in (t.copy_buckets or {}).items()]
-    out = [(name, label, flags) for name, flags in sets]
-    for ablation, (variant, flags) in t.ablations.items():
+    sets = {'': [f'--buckets={t.buckets}']}
+    if t.segment_buckets and not ablation:
+        sets['_segment'] = ['--position=segment', f'--buckets={t.segment_buckets}']
+    sets.update({name: ['--position=copy', f'--buckets={b}'] for name, b in (t.copy_buckets or {}).items()})
+    return sets
+
+
+def readings(cfg, label):
+    """The bench/longdoc.py readings a run of label keeps: [(READING, label read as, flags)]: reading_sets, and
+    for each ablation of it (cfg.table.ablations) reading_sets(ablation=True) with the ablation's flags."""
+    out = [(name, label, flags) for name, flags in reading_sets(cfg).items()]
+    for ablation, (variant, flags) in cfg.table.ablations.items():
         if variant == label:
-            out += [(f'_{ablation}{name}', ablation, [*flags, *more]) for name, more in sets if name != '_segment']
+            out += [(f'_{ablation}{name}', ablation, [*flags, *more])
+                    for name, more in reading_sets(cfg, ablation=True).items()]
     return out
 
 
@@ -624,7 +630,7 @@ def main(argv=None):
 
         if not cfg.longdoc:
             return
-        sets = {reading: flags for reading, _, flags in readings(cfg, '')}   # by position, in the segment, by copy
+        sets = reading_sets(cfg)
         for reading, flags in sets.items():
             longdoc_to(reading, [f for label in done for f in kept(label, reading)], *base, *flags)
         for control, others in cfg.table.matched.items():   # the same comparison against a matched control
@@ -635,9 +641,7 @@ def main(argv=None):
         for label, (variant, flags) in cfg.table.ablations.items():   # the same checkpoints, read otherwise
             if variant not in done:
                 continue
-            for reading in sets:
-                if reading == '_segment':
-                    continue
+            for reading in reading_sets(cfg, ablation=True):
                 longdoc_to(f'_{label}{reading}', kept(label, f'_{label}{reading}', variant), *flags, *sets[reading])
                 rows = same_weights(results / f'longdoc_demos{suffix}_{label}{reading}.json',
                                     results / f'longdoc_demos{suffix}{reading}.json')

@@ -403,6 +403,14 @@ def copy_distances(tokens, n):
     return d
 
 
+def doc_distances(cfg, docs):
+    """Each document's copy_distances by --position=copy (None by position)."""
+    if cfg.position != 'copy':
+        return None
+    n = copy_ngram(cfg.copy_ngram, docs.tokenizer)
+    return [copy_distances(t, n) for t in docs.tokens]
+
+
 def copy_ngram(n, tokenizer):
     """--copy_ngram: n itself, or for 0 the n of the data's tokenizer (meta.json's, as Docs.tokenizer holds it)."""
     return n or COPY_NGRAM.get((tokenizer or {}).get('tokenizer', 'gpt2'), 2)
@@ -635,9 +643,8 @@ def evaluate(cfg, labels, device, device_type, dtype):
             if cfg.position == 'segment' and edges and edges[-1] >= config.seg_len:
                 raise train.UserError(f"--buckets={','.join(map(str, edges))}: by position in the segment every "
                                       f"edge must be below seg_len ({config.seg_len} in {path})")
-            if cfg.position == 'copy' and distances is None:     # once: every run reads the same documents
-                n = copy_ngram(cfg.copy_ngram, docs.tokenizer)
-                distances = [copy_distances(t, n) for t in docs.tokens]
+            if distances is None:                                 # once: every run reads the same documents
+                distances = doc_distances(cfg, docs)
             sums = bucket_sums(nlls, docs.tokens, edges, docs.byte_lengths,
                                config.seg_len if cfg.position == 'segment' else 0, distances)
             runs[run] = dict(label=label, checkpoint=str(path), model=ckpt['model_name'], step=ckpt.get('step'),
@@ -738,8 +745,7 @@ def reused_counts(cfg, reused, docs):
     path, first = reused[0]
     docs = read_docs(cfg.data_dir or train.REPO / first['data_dir'], cfg.split, cfg.max_tokens_per_doc, cfg.max_docs)
     seg_len = (next(iter(first['runs'].values())).get('seg_len') or 0) if cfg.position == 'segment' else 0
-    distances = ([copy_distances(t, copy_ngram(cfg.copy_ngram, docs.tokenizer)) for t in docs.tokens]
-                 if cfg.position == 'copy' else None)
+    distances = doc_distances(cfg, docs)
     zeros = [np.zeros(max(0, len(t) - 1)) for t in docs.tokens]
     _, N, Y = bucket_sums(zeros, docs.tokens, cfg.bucket_edges(), docs.byte_lengths, seg_len, distances)
     return docs, (N, Y)
