@@ -109,7 +109,9 @@ def diff(longdoc, label, name):
 
 def check_cell(errors, where, cell, mean, std=None):
     value, spread = pm(cell)
-    if not same(value, mean):
+    if not value:
+        errors.append(f'{where}: empty, the JSON has {mean:.6f}')
+    elif not same(value, mean):
         errors.append(f'{where}: {cell!r}, the JSON has {mean:.6f}')
     if std is not None and spread is not None and not same(spread, std):
         errors.append(f'{where}: {cell!r}, the JSON has ± {std:.6f}')
@@ -172,8 +174,16 @@ CODE_ROWS = {
     'control: XL trained with 512': ('xl_mem512', 'xl_mem512'),
 }
 CODE_HEADER = 'XL against none (share of the bytes)'
+# a row's key -> its ablation with the memory emptied (bench/demos.py CODE_ABLATIONS): the column 'emptied − as
+# trained, BUCKET' reads its JSON's vs_as_trained
+CODE_EMPTIED = {'xl': 'xl_nomem', 'xl_mem512': 'xl_mem512_nomem', 'lamemo': 'lamemo_nomem',
+                'compressive': 'compressive_emptied', 'compressive_no_cmem': 'compressive_no_cmem_nomem',
+                'infini_linear': 'infini_linear_emptied', 'infini_delta': 'infini_delta_emptied',
+                'infini_linear_bptt1': 'infini_linear_bptt1_emptied', 'infformer': 'infformer_emptied',
+                'infformer_sticky': 'infformer_sticky_emptied'}
 CODE_TABLE = dict(name='code', header=CODE_HEADER, rows=CODE_ROWS, known_name='CODE_ROWS', demos='demos_code.json',
-                  copy='longdoc_demos_code_copy_reach_with_xl_at512.json', baseline='baseline')
+                  copy='longdoc_demos_code_copy_reach_with_xl_at512.json', baseline='baseline',
+                  emptied=CODE_EMPTIED, ablation='longdoc_demos_code_{}_copy_reach.json', speed='speed_code.json')
 CODE_GPT2_TABLE = dict(name='GPT-2', header=CODE_GPT2_HEADER, rows=CODE_GPT2_ROWS, known_name='CODE_GPT2_ROWS',
                        demos='demos_code_gpt2.json', copy='longdoc_demos_code_gpt2_copy_reach.json',
                        segment='longdoc_demos_code_gpt2_segment.json', baseline='gpt2')
@@ -184,7 +194,9 @@ def copy_table_mismatches(text, spec):
     its runs' mean ± std), its difference to the baseline run ('− ...'), the loss with its memory emptied ('memory
     emptied': the demos JSON's evals), the Δ bits per byte ± s.e. over files and seeds at a segment's first 4 bytes
     ('segment start': spec['segment']) and in each copy-distance bucket (a header 'BUCKET SHARE%': spec['copy'], the
-    share of the bytes in it checked too)."""
+    share of the bytes in it checked too), the same weights with the memory emptied minus as trained in a bucket
+    ('emptied − as trained, BUCKET': spec['ablation'] of spec['emptied'][key], its vs_as_trained) and the training
+    speed against the baseline ('train tok/s ...': spec['speed'], eager). A row with none of these has the cell empty."""
     errors, where = [], spec['name'] + ' table'
     header, rows = table(text, spec['header'])
     if header is None:
@@ -227,6 +239,22 @@ def copy_table_mismatches(text, spec):
                 row = next(b for b in source['labels'][key]['buckets'] if b['bucket'] == name)
                 check_cell(errors, at, cell, row['diff_bpc'],
                            row['diff_bpc_se_total'] if key != spec['baseline'] else None)
+            elif head.startswith('emptied − as trained'):
+                ablation = spec.get('emptied', {}).get(key)
+                if ablation is None:
+                    if cell:
+                        errors.append(f'{at}: {cell!r}, but the row has no emptied reading')
+                    continue
+                name = re.search(r'\[\d+,(\d+|end)\)|first', head).group(0)
+                row = next(b for b in load(spec['ablation'].format(ablation))['vs_as_trained'] if b['bucket'] == name)
+                check_cell(errors, at, cell, row['diff_bpc'], row['diff_bpc_se'])
+            elif head.startswith('train tok/s'):
+                speed = load(spec['speed'])['train'].get(run or '', {}).get('eager')
+                if speed is None:
+                    if cell:
+                        errors.append(f'{at}: {cell!r}, but {spec["speed"]} has no such run')
+                    continue
+                check_cell(errors, at, cell.rstrip('×'), speed['ratio_to_baseline'])
             else:
                 errors.append(f'{where}: column {head!r} has no check')
     return errors
@@ -321,3 +349,28 @@ def test_torch_index():
     ci = (ROOT / '.ci' / 'run').read_text()
     override = re.search(r'(?m)^export TORCH_INDEX=$', ci)
     assert override and override.start() < ci.index('\nmake install-test')
+
+
+def code_table_with_emptied_and_speed():
+    """The README's calibration table with two more columns, as the table of every model has them: XL's memory
+    emptied minus as trained at [128,640), and the training speed against the baseline."""
+    extra = [' emptied − as trained, [128,640) | train tok/s vs none |', '---|---|', ' | 1.00× |',
+             ' +0.365 ± 0.013 | 0.76× |', ' | |', ' +0.296 ± 0.007 | |']     # header, rule, the rows in order
+    lines = README.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith(f'| {CODE_HEADER} |')))
+    assert len(table(README, CODE_HEADER)[1]) == len(extra) - 2
+    for i, cells in enumerate(extra):
+        lines[start + i] += cells
+    return '\n'.join(lines)
+
+
+def test_emptied_and_speed_columns_are_checked():
+    text = code_table_with_emptied_and_speed()
+    header, rows = table(text, CODE_HEADER)
+    assert header[-2:] == ['emptied − as trained, [128,640)', 'train tok/s vs none'] and len(rows[0]) == len(header)
+    assert not copy_table_mismatches(text, CODE_TABLE)
+    for old, new in [('+0.365 ± 0.013', '+0.366 ± 0.013'),       # XL's: vs_as_trained in bits, not nats (+0.253)
+                     ('+0.365 ± 0.013', '+0.365 ± 0.014'), ('+0.296 ± 0.007 |', '|'), ('0.76×', '0.77×'),
+                     ('| 1.00× |', '| |'), ('| | |\n', '| +0.1 | |\n')]:   # a value where the JSON has none
+        assert text.count(old) == 1, old
+        assert copy_table_mismatches(text.replace(old, new), CODE_TABLE), (old, new)
