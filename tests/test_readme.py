@@ -361,7 +361,7 @@ def code_table_with_emptied_and_speed():
     extra = [' emptied − as trained, [128,640) | train tok/s vs none |', '---|---|', ' | 1.00× |',
              ' +0.365 ± 0.013 | 0.76× |', ' | |', ' +0.296 ± 0.007 | |']     # header, rule, the rows in order
     lines = README.splitlines()
-    start = lines.index(next(line for line in lines if line.startswith(f'| {CODE_HEADER} |')))
+    start = next(i for i, line in enumerate(lines) if line.startswith(f'| {CODE_HEADER} |'))
     assert len(table(README, CODE_HEADER)[1]) == len(extra) - 2
     for i, cells in enumerate(extra):
         lines[start + i] += cells
