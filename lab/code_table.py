@@ -6,6 +6,8 @@ against no memory (bench/results/speed_code.json). tests/test_readme.py checks e
 JSONs; this only saves copying them by hand.
 
     python bench/demos.py --suite=code --variants=all --seeds=1,2,3 --train=False --split=validation
+    python bench/speed.py --size=code --parts=train,eval --modes=eager --eval_modes=eager \
+        --out=bench/results/speed_code.json      # if speed_code.json is missing
     python lab/code_table.py                 # models with no kept run yet are left out
 """
 
@@ -44,10 +46,17 @@ def load(name):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def need(name):
+    table = load(name)
+    if table is None:
+        sys.exit(f'bench/results/{name} is missing: run the commands in this file\'s docstring first')
+    return table
+
+
 def main():
-    runs = load('demos_code.json')['runs']
-    copy = load('longdoc_demos_code_copy_reach_with_xl_at512.json')['labels']
-    speed = load('speed_code.json')['train']
+    runs = need('demos_code.json')['runs']
+    copy = need('longdoc_demos_code_copy_reach_with_xl_at512.json')['labels']
+    speed = need('speed_code.json')['train']
     share = {b['bucket']: b['share'] for b in copy['baseline']['buckets']}
     head = ' | '.join(f'{b} {100 * share[b]:.2g}%' for b in BUCKETS)
     lines = [f'| every model on code (share of the bytes) | validation nats/byte | {head} | emptied − as trained, '
