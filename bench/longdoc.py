@@ -565,8 +565,10 @@ def plot_result(result, path):
     by_segment, by_copy = position == 'segment', position == 'copy'
     where, scale = {'segment': ('index in the segment', 'linear'), 'copy': ('copy distance (tokens)', 'log')}.get(
         position, ('position in the document', 'log'))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     n = len(result['labels'])
+    many = n > 6                                    # one legend, right of both panels, and 20 colours past 10
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13 if many else 11, 4))
+    colors = plt.get_cmap('tab10' if n <= 10 else 'tab20').colors
     for i, (label, lab) in enumerate(result['labels'].items()):
         rows = lab['buckets']
         keep = [k for k, r in enumerate(rows) if r['nll'] is not None]
@@ -575,7 +577,8 @@ def plot_result(result, path):
         for ax, key, se in ((a, 'nll', 'nll_se'), (b, 'diff_nll', 'diff_nll_se_total')):
             line = [k for k in keep if not (by_copy and k == len(rows) - 1)]       # 'first': a point of its own
             drawn = ax.errorbar([dodge[k] for k in line], [rows[k][key] for k in line],
-                                yerr=[rows[k][se] or 0 for k in line], marker='o', capsize=3, label=label)
+                                yerr=[rows[k][se] or 0 for k in line], marker='o', capsize=3, label=label,
+                                color=colors[i % len(colors)])
             if by_copy and len(rows) - 1 in keep:
                 k = len(rows) - 1
                 ax.errorbar([dodge[k]], [rows[k][key]], yerr=[rows[k][se] or 0], marker='s', capsize=3, ls='none',
@@ -586,14 +589,17 @@ def plot_result(result, path):
     b.axhline(0, color='grey', lw=0.8)
     b.set(xscale=scale, xlabel=f'{where} (bucket midpoint)', ylabel=f'NLL − {baseline} (nats)',
           title=f'difference to {baseline} (± s.e., documents and seeds)')
+    if many:
+        fig.legend(*a.get_legend_handles_labels(), loc='center left', bbox_to_anchor=(0.83, 0.5), fontsize='small')
     for ax in (a, b):
-        ax.legend()
+        if not many:
+            ax.legend()
         if by_copy:                                 # ticks at the bucket edges, and 'first' where its point is
             ticks = [1] + list(result['bucket_edges'])
             ax.set_xticks(ticks + [x[-1]], [f'{t:,}' for t in ticks] + ['first'])
             ax.set_xticks([], minor=True)
             ax.axvline(math.sqrt(x[-1] * x[-2]), color='grey', lw=0.8, ls=':')
-    plot._save(fig, path)
+    plot._save(fig, path, rect=(0, 0, 0.83, 1) if many else None)
 
 
 # -----------------------------------------------------------------------------------------------------------

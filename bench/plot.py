@@ -30,10 +30,11 @@ def _plt():
                            "(the JSON results are written without it)") from None
 
 
-def _save(fig, path):
+def _save(fig, path, rect=None):
+    """rect: the part of the figure the panels fill (tight_layout's), e.g. to leave room for a legend beside them."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=120)
     fig.clf()
     import matplotlib.pyplot as plt

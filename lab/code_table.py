@@ -1,9 +1,9 @@
 """
 The README's table of every model on code (bench/demos.py --suite=code), printed as markdown from bench/results:
-per model the validation loss (mean ± std over seeds), Δ bits per byte against no memory by copy distance (± s.e.
-over files and seeds), the same weights with the memory emptied minus as trained at [128,640), and the training speed
-against no memory (bench/results/speed_code.json). tests/test_readme.py checks every printed cell against the same
-JSONs; this only saves copying them by hand.
+per model its seeds, the validation loss (mean ± std over them), Δ bits per byte against no memory by copy distance
+(± s.e. over files and seeds), the same weights with the memory emptied minus as trained at [128,640), and the
+training speed against no memory (bench/results/speed_code.json). tests/test_readme.py checks every printed cell
+against the same JSONs; this only saves copying them by hand.
 
     python bench/demos.py --suite=code --variants=all --seeds=1,2,3 --train=False --split=validation
     python bench/speed.py --size=code --parts=train,eval --modes=eager --eval_modes=eager \
@@ -59,13 +59,14 @@ def main():
     speed = need('speed_code.json')['train']
     share = {b['bucket']: b['share'] for b in copy['baseline']['buckets']}
     head = ' | '.join(f'{b} {100 * share[b]:.2g}%' for b in BUCKETS)
-    lines = [f'| every model on code (share of the bytes) | validation nats/byte | {head} | emptied − as trained, '
-             f'{EMPTIED_AT} | train tok/s vs none |', '|---' * (4 + len(BUCKETS)) + '|']
+    lines = [f'| every model on code (share of the bytes) | seeds | validation nats/byte | {head} | emptied − as '
+             f'trained, {EMPTIED_AT} | train tok/s vs none |', '|---' * (5 + len(BUCKETS)) + '|']
     for label, (run, key, ablation) in ROWS.items():
         if key not in copy or (run and runs.get(run, {}).get('mean') is None):
             print(f'left out: {label} (no kept run)', file=sys.stderr)
             continue
-        cells = [label, f'{runs[run]["mean"]:.4f} ± {runs[run]["std"]:.4f}' if run else '']
+        loss = run and f'{runs[run]["mean"]:.4f}' + (f' ± {runs[run]["std"]:.4f}' if runs[run]['std'] else '')
+        cells = [label, str(len(copy[key]['runs'])), loss or '']
         for b in copy[key]['buckets']:
             if b['bucket'] in BUCKETS:
                 cells.append('0' if key == 'baseline' else f'{signed(b["diff_bpc"])} ± {b["diff_bpc_se_total"]:.3f}')

@@ -1,7 +1,7 @@
 """
-The README's headline numbers against bench/results: every cell of its results tables (the CPU demos, "Memory on
-code" and "Start from GPT-2", the recipe on code), each validation loss mean ± std and each Δ ± s.e., rounded as
-printed, and the prose's mean ± std figures; a perturbed README fails. Also the install's torch index (the
+The README's headline numbers against bench/results: every cell of its results tables ("Memory on code", every
+model on SymPy as bytes, and "Start from GPT-2", the recipe on code), each validation loss mean ± std and each Δ ±
+s.e., rounded as printed, and the pretrained model's loss in the prose; a perturbed README fails. Also the install's torch index (the
 Makefile's TORCH_INDEX, .ci/run's override) and the sizes of README.md and bench/README.md. Pure Python: reads
 README.md and the JSONs, no torch.
 """
@@ -21,20 +21,6 @@ RESULTS = ROOT / 'bench' / 'results'
 README_MAX_BYTES = 15 * 1024
 BENCH_README_MAX_BYTES = 20 * 1024
 
-# the demos table: row label -> bench/demos.py's variant (demos.json's run, longdoc_demos.json's label)
-DEMOS_ROWS = {
-    'no memory (XL, mem 0)': 'baseline',
-    'Transformer-XL, mem 64': 'xl',
-    'LaMemo, mem 64': 'lamemo',
-    'Compressive, mem 64 + 32 compressed at c = 2': 'compressive',
-    'control: Compressive, no compressed memory': 'compressive_no_cmem',
-    'Infini-attention, linear, as its paper trains': 'infini_linear',
-    'Infini-attention, delta, as its paper trains': 'infini_delta',
-    '∞-former, STM 64 + LTM of 150 RBFs': 'infformer',
-    '∞-former, sticky memories': 'infformer_sticky',
-    'control: no memory, fed as Infini (2 × 4 segments)': 'baseline_2x4',
-    'control: Infini linear, 8 streams, no BPTT': 'infini_linear_bptt1',
-}
 # "Start from GPT-2" (the recipe on code): row label -> (bench/demos.py --suite=code_gpt2's variant, its longdoc label)
 CODE_GPT2_ROWS = {
     'GPT-2 alone (the control)': ('gpt2', 'gpt2'),
@@ -93,20 +79,6 @@ def table(text, first_header):
     return cells(lines[start]), rows
 
 
-def bucket(header):
-    """'Δ at [1k,4k) tokens, mem 64' -> '[1024,4096)'; '... [4k,end)' -> '[4096,end)'."""
-    m = re.search(r'\[(\d+)k,(\d+k|end)\)', header)
-    assert m, header
-    end = m.group(2)
-    return f'[{int(m.group(1)) * 1024},{end if end == "end" else int(end[:-1]) * 1024})'
-
-
-def diff(longdoc, label, name):
-    rows = [b for b in longdoc['labels'][label]['buckets'] if b['bucket'] == name]
-    assert rows, (label, name)
-    return rows[0]['diff_nll'], rows[0]['diff_nll_se_total']
-
-
 def check_cell(errors, where, cell, mean, std=None):
     value, spread = pm(cell)
     if not value:
@@ -133,28 +105,6 @@ def known_rows(rows, known, known_name, table_name, errors):
     errors += [f'{table_name} table: row {label!r} is missing' for label in known if label not in seen]
 
 
-def demos_mismatches(text):
-    errors = []
-    header, rows = table(text, 'model (its demo config)')
-    if header is None:
-        return ['the demos table (header "| model (its demo config) |") is not in the README']
-    runs, longdoc = load('demos.json')['runs'], load('longdoc_demos.json')
-    base = runs['baseline']['mean']
-    for label, cells, key in known_rows(rows, DEMOS_ROWS, 'DEMOS_ROWS', 'demos', errors):
-        run = runs[key]
-        for head, cell in zip(header[1:], cells[1:]):
-            where = f'demos table, {label!r}, {head!r}'
-            if head.startswith('validation loss'):
-                check_cell(errors, where, cell, run['mean'], run['std'])
-            elif head == '− baseline':
-                check_cell(errors, where, cell, run['mean'] - base)
-            elif head.startswith('Δ'):
-                check_cell(errors, where, cell, *diff(longdoc, key, bucket(head)))
-            else:
-                errors.append(f'demos table: column {head!r} has no check')
-    return errors
-
-
 def pretrained_mismatches(text):
     """The pretrained model's loss in the prose ("the pretrained model: **x**")."""
     m = re.search(r'the pretrained model:\s+\*\*(\d\.\d+)\*\*', text)
@@ -171,9 +121,18 @@ CODE_ROWS = {
     'no memory': ('baseline', 'baseline'),
     'XL, 128 slots': ('xl', 'xl'),
     'its weights, 512 slots': (None, 'xl_at512'),
+    'LaMemo, 128 slots': ('lamemo', 'lamemo'),
+    'Compressive, 128 + 192 at c = 2': ('compressive', 'compressive'),
+    'Infini-attention, linear': ('infini_linear', 'infini_linear'),
+    'Infini-attention, delta': ('infini_delta', 'infini_delta'),
+    '∞-former, STM 128 + 150 RBFs': ('infformer', 'infformer'),
+    '∞-former, sticky memories': ('infformer_sticky', 'infformer_sticky'),
     'control: XL trained with 512': ('xl_mem512', 'xl_mem512'),
+    'control: Compressive, no compressed memory': ('compressive_no_cmem', 'compressive_no_cmem'),
+    'control: none fed as Infini (2 × 4)': ('baseline_2x4', 'baseline_2x4'),
+    'control: Infini linear, no BPTT': ('infini_linear_bptt1', 'infini_linear_bptt1'),
 }
-CODE_HEADER = 'XL against none (share of the bytes)'
+CODE_HEADER = 'every model on code (share of the bytes)'
 # a row's key -> its ablation with the memory emptied (bench/demos.py CODE_ABLATIONS): the column 'emptied − as
 # trained, BUCKET' reads its JSON's vs_as_trained
 CODE_EMPTIED = {'xl': 'xl_nomem', 'xl_mem512': 'xl_mem512_nomem', 'lamemo': 'lamemo_nomem',
@@ -195,8 +154,9 @@ def copy_table_mismatches(text, spec):
     emptied': the demos JSON's evals), the Δ bits per byte ± s.e. over files and seeds at a segment's first 4 bytes
     ('segment start': spec['segment']) and in each copy-distance bucket (a header 'BUCKET SHARE%': spec['copy'], the
     share of the bytes in it checked too), the same weights with the memory emptied minus as trained in a bucket
-    ('emptied − as trained, BUCKET': spec['ablation'] of spec['emptied'][key], its vs_as_trained) and the training
-    speed against the baseline ('train tok/s ...': spec['speed'], eager). A row with none of these has the cell empty."""
+    ('emptied − as trained, BUCKET': spec['ablation'] of spec['emptied'][key], its vs_as_trained), the training
+    speed against the baseline ('train tok/s ...': spec['speed'], eager) and the seeds a row averages ('seeds'). A
+    row with none of these has the cell empty."""
     errors, where = [], spec['name'] + ' table'
     header, rows = table(text, spec['header'])
     if header is None:
@@ -220,7 +180,11 @@ def copy_table_mismatches(text, spec):
     for label, cells, (run, key) in known_rows(rows, spec['rows'], spec['known_name'], spec['name'], errors):
         for head, cell in zip(header[1:], cells[1:]):
             at = f'{where}, {label!r}, {head!r}'
-            if head.startswith('validation'):
+            if head == 'seeds':                     # the runs the row's copy-distance reading averages
+                n = len(copy['labels'][key]['runs'])
+                if cell != str(n) or (run is not None and len(runs[run]['seeds']) != n):
+                    errors.append(f'{at}: {cell!r}, the JSONs have {n} (and {len(runs[run]["seeds"]) if run else n})')
+            elif head.startswith('validation'):
                 if run is not None:
                     check_cell(errors, at, cell, runs[run]['mean'], runs[run]['std'])
                 elif cell:
@@ -264,21 +228,9 @@ def copy_table_mismatches(text, spec):
     return errors
 
 
-def prose_mismatches(text):
-    """Each 'x.xxxx ± y.yyyy' of the demos' prose (outside tables) is some demos.json run's mean ± std."""
-    section = text.partition('## Results:')[2].partition('\n## ')[0]
-    prose = '\n'.join(line for line in section.splitlines() if not line.startswith('|'))
-    runs = load('demos.json')['runs'].values()
-    errors = []
-    for mean, std in re.findall(r'(\d\.\d{4}) ± (\d\.\d{4})', prose):
-        if not any(same(mean, r['mean']) and same(std, r['std']) for r in runs):
-            errors.append(f'demos prose: {mean} ± {std} is no run of demos.json')
-    return errors
-
-
 def mismatches(text):
-    return (demos_mismatches(text) + copy_table_mismatches(text, CODE_GPT2_TABLE) + pretrained_mismatches(text)
-            + copy_table_mismatches(text, CODE_TABLE) + prose_mismatches(text))
+    return (copy_table_mismatches(text, CODE_TABLE) + copy_table_mismatches(text, CODE_GPT2_TABLE)
+            + pretrained_mismatches(text))
 
 
 README = (ROOT / 'README.md').read_text()
@@ -291,7 +243,6 @@ def test_readme_tables_match_results():
 
 def test_readme_tables_are_read():
     """The parser reads every row of every table (a table it missed would check nothing)."""
-    assert len(table(README, 'model (its demo config)')[1]) == len(DEMOS_ROWS)
     assert len(table(README, CODE_GPT2_HEADER)[1]) == len(CODE_GPT2_ROWS)
     assert len(table(README, CODE_HEADER)[1]) == len(CODE_ROWS)
 
@@ -302,33 +253,94 @@ def perturb(old, new):
 
 
 @pytest.mark.parametrize('old,new', [
-    ('| Transformer-XL, mem 64 | 5.423 ± 0.017 |', '| Transformer-XL, mem 64 | 5.424 ± 0.017 |'),       # a mean
-    ('| LaMemo, mem 64 | 5.445 ± 0.008 |', '| LaMemo, mem 64 | 5.445 ± 0.009 |'),                       # a std
-    ('| −0.007 | −0.024 ± 0.009 |', '| −0.007 | −0.023 ± 0.009 |'),                                    # a Δ
-    ('| +0.133 ± 0.027 |', '| +0.133 ± 0.028 |'),                                                       # its s.e.
-    ('| +0.225 |', '| −0.225 |'),                                                                       # a sign
     ('| 1.5628 ± 0.0003 | −0.0054 |', '| 1.5628 ± 0.0003 | −0.0055 |'),                                # − GPT-2 alone
     ('| 1.6629 ± 0.0016 |', '| 1.6630 ± 0.0016 |'),                                                     # emptied
     ('| −0.187 ± 0.014 |', '| −0.187 ± 0.015 |'),                                                       # segment start
     ('| +0.121 ± 0.005 |', '| +0.122 ± 0.005 |'),                                                       # by copy distance
     ('[384,640) 4.5% |', '[384,640) 4.4% |'),                                                           # its share
     ('the pretrained model:\n**1.6286**', 'the pretrained model:\n**1.6287**'),
-    ('(5.4229 ± 0.0168)', '(5.4229 ± 0.0167)'),                                                         # the prose
-    ('| 1.1718 ± 0.0688 |', '| 1.1719 ± 0.0688 |'),                                                     # code: a loss
-    ('| −0.406 ± 0.133 |', '| −0.407 ± 0.133 |'),                                                       # code: 512 slots
-    ('| −0.134 ± 0.041 |', '| −0.134 ± 0.042 |'),                                                       # the control
-    ('[128,640) 15% |', '[128,640) 16% |'),                                                             # a share
-    ('| control: Compressive, no compressed memory | 5.423 ± 0.017 | −0.029 | −0.041 ± 0.013 |\n',
-     ''),                                                                                               # a row gone
 ])
 def test_perturbed_readme_fails(old, new):
     assert mismatches(perturb(old, new))
 
 
+def nudge(cell, which=0, by=1):
+    """cell with its `which`-th number moved by `by` in its last printed digit, sign and decimals kept:
+    nudge('−0.274 ± 0.082') == '−0.273 ± 0.082', nudge('0.76×') == '0.77×'."""
+    numbers = list(re.finditer(r'[−+]?\d+\.\d+', cell))
+    m = numbers[which]
+    d = decimals(m.group(0))
+    value = float(number(m.group(0))) + by * 10 ** -d
+    text = f'{value:{"+" if m.group(0)[0] in "−+" else ""}.{d}f}'.replace('-', '−')
+    return cell[:m.start()] + text + cell[m.end():]
+
+
+def edit_cell(text, first_header, label, head, edit):
+    """text with the cell of row `label`, column `head` of the table under `first_header` replaced by edit(cell)
+    (edit None: the row deleted)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f'| {first_header} |'))
+    heads = table(text, first_header)[0]
+    for i in range(start + 2, len(lines)):
+        cells = [c.strip() for c in lines[i].strip().strip('|').split('|')]
+        if cells[0] == label:
+            if edit is None:
+                del lines[i]
+            else:
+                cells[heads.index(head)] = edit(cells[heads.index(head)])
+                lines[i] = '| ' + ' | '.join(cells) + ' |'
+            return '\n'.join(lines)
+    raise AssertionError(f'no row {label!r}')
+
+
+def code_column(prefix):
+    return next(h for h in table(README, CODE_HEADER)[0] if h.startswith(prefix))
+
+
+# the code table's cells a perturbation must be caught in: (row, column's start, edit of the cell)
+CODE_PERTURBATIONS = [
+    ('XL, 128 slots', 'validation', nudge),                                             # a mean
+    ('LaMemo, 128 slots', 'validation', lambda c: nudge(c, 1)),                         # a std
+    ('its weights, 512 slots', '[128,640)', nudge),                                     # XL long's Δ
+    ('∞-former, STM 128 + 150 RBFs', '[128,640)', lambda c: nudge(c, 1)),               # an s.e.
+    ('Infini-attention, linear', '[640,2048)', lambda c: c.replace('+', '−', 1)),      # a sign
+    ('control: XL trained with 512', 'first', nudge),
+    ('Compressive, 128 + 192 at c = 2', 'seeds', lambda c: str(int(c) + 1)),           # the seeds
+    ('no memory', '[1,128)', lambda c: '−0.001'),                                       # the baseline's own 0
+    ('XL, 128 slots', 'emptied', nudge),              # vs_as_trained, in bits (not nats)
+    ('XL, 128 slots', 'emptied', lambda c: nudge(c, 1)),
+    ('control: XL trained with 512', 'emptied', lambda c: ''),                          # a cell left empty
+    ('its weights, 512 slots', 'emptied', lambda c: '+0.100 ± 0.010'),                  # where the JSON has none
+    ('XL, 128 slots', 'train tok/s', nudge),
+    ('no memory', 'train tok/s', lambda c: ''),
+    ('control: Compressive, no compressed memory', 'seeds', None),                      # a row gone
+]
+
+
+@pytest.mark.parametrize('label,column,edit', CODE_PERTURBATIONS)
+def test_perturbed_code_table_fails(label, column, edit):
+    text = edit_cell(README, CODE_HEADER, label, code_column(column), edit)
+    assert text != README
+    assert copy_table_mismatches(text, CODE_TABLE), (label, column)
+
+
+def test_code_table_header_is_checked():
+    for old, new in [('[128,640) 15%', '[128,640) 16%'),                                  # a share
+                     ('emptied − as trained, [128,640)', 'emptied − as trained, [128,641)')]:   # no such bucket
+        head = next(line for line in README.splitlines() if line.startswith(f'| {CODE_HEADER} |'))
+        assert head.count(old) == 1, old
+        assert copy_table_mismatches(README.replace(head, head.replace(old, new)), CODE_TABLE), (old, new)
+
+
+def test_nudge():
+    assert nudge('−0.274 ± 0.082') == '−0.273 ± 0.082' and nudge('−0.274 ± 0.082', 1) == '−0.274 ± 0.083'
+    assert nudge('1.1718 ± 0.0688') == '1.1719 ± 0.0688' and nudge('0.76×') == '0.77×'
+    assert nudge('+0.365 ± 0.013') == '+0.366 ± 0.013' and nudge('−0.001') == '+0.000'
+
+
 def test_rounding():
     assert same('−0.028', -0.02829) and not same('−0.028', -0.0285001) and same('+0.225', 0.2246)
     assert same('0', 0.0) and not same('0', 1e-9) and same('−0.000', 0.0001)
-    assert bucket('Δ at [1k,4k) tokens, mem 64') == '[1024,4096)' and bucket('Δ, [4k,end)') == '[4096,end)'
 
 
 def test_readme_size():
@@ -353,29 +365,3 @@ def test_torch_index():
     ci = (ROOT / '.ci' / 'run').read_text()
     override = re.search(r'(?m)^export TORCH_INDEX=$', ci)
     assert override and override.start() < ci.index('\nmake install-test')
-
-
-def code_table_with_emptied_and_speed():
-    """The README's calibration table with two more columns, as the table of every model has them: XL's memory
-    emptied minus as trained at [128,640), and the training speed against the baseline."""
-    extra = [' emptied − as trained, [128,640) | train tok/s vs none |', '---|---|', ' | 1.00× |',
-             ' +0.365 ± 0.013 | 0.76× |', ' | |', ' +0.296 ± 0.007 | |']     # header, rule, the rows in order
-    lines = README.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f'| {CODE_HEADER} |'))
-    assert len(table(README, CODE_HEADER)[1]) == len(extra) - 2
-    for i, cells in enumerate(extra):
-        lines[start + i] += cells
-    return '\n'.join(lines)
-
-
-def test_emptied_and_speed_columns_are_checked():
-    text = code_table_with_emptied_and_speed()
-    header, rows = table(text, CODE_HEADER)
-    assert header[-2:] == ['emptied − as trained, [128,640)', 'train tok/s vs none'] and len(rows[0]) == len(header)
-    assert not copy_table_mismatches(text, CODE_TABLE)
-    for old, new in [('+0.365 ± 0.013', '+0.366 ± 0.013'),       # XL's: vs_as_trained in bits, not nats (+0.253)
-                     ('+0.365 ± 0.013', '+0.365 ± 0.014'), ('+0.296 ± 0.007 |', '|'), ('0.76×', '0.77×'),
-                     ('| 1.00× |', '| |'), ('| | |\n', '| +0.1 | |\n'),      # a value where the JSON has none
-                     ('emptied − as trained, [128,640)', 'emptied − as trained, [128,641)')]:      # no such bucket
-        assert text.count(old) == 1, old
-        assert copy_table_mismatches(text.replace(old, new), CODE_TABLE), (old, new)
