@@ -621,3 +621,27 @@ def test_reset_every_reads_each_input_of_k_segments_alone(name):
         np.testing.assert_allclose(got[d], expected, rtol=1e-5, atol=1e-5, err_msg=f"{name} doc {d}")
     plain = longdoc.document_nll(model, docs, T, 3, 'cpu')
     assert max(np.abs(g - p).max() for g, p in zip(got, plain) if len(g) > k * T) > 1e-4
+
+
+@pytest.mark.parametrize('n', [3, 13])
+def test_plot_legend_and_colours(n, tmp_path, monkeypatch):
+    """Up to 6 labels each panel has its legend; past 6 one legend beside both panels (the code suite's 13 labels
+    hid the curves); every label has a colour of its own, on both panels and for its 'first' point."""
+    pytest.importorskip('matplotlib')
+    import plot
+    saved = {}
+    monkeypatch.setattr(plot, '_save', lambda fig, path, rect=None: saved.update(fig=fig, rect=rect))
+    rows = [{'nll': 1.0, 'nll_se': 0.01, 'diff_nll': -0.1, 'diff_nll_se_total': 0.01} for _ in range(4)]
+    result = {'midpoints': [3, 12, 40, 200], 'baseline': 'm0', 'config': {'position': 'copy'}, 'bucket_edges': [8, 32],
+              'split': 'validation', 'documents': [0, 1], 'labels': {f'm{i}': {'buckets': rows} for i in range(n)}}
+    longdoc.plot_result(result, tmp_path / 'p.png')
+    fig = saved['fig']
+    a, b = fig.axes
+    assert (a.get_legend() is None and b.get_legend() is None and len(fig.legends) == 1) == (n > 6)
+    assert (saved['rect'] is None) == (n <= 6)
+    labels = (fig.legends[0] if n > 6 else a.get_legend()).get_texts()
+    assert [t.get_text() for t in labels] == list(result['labels'])
+    for ax in (a, b):
+        colours = [tuple(line.get_color()) if not isinstance(line.get_color(), str) else line.get_color()
+                   for line in ax.get_lines() if line.get_marker() in ('o', 's')]
+        assert len(colours) == 2 * n and len(set(colours[::2])) == n and colours[::2] == colours[1::2]
