@@ -1,9 +1,9 @@
 """
 The README's headline numbers against bench/results: every cell of its results tables ("Memory on code", every
 model on SymPy as bytes, and "Start from GPT-2", the recipe on code), each validation loss mean ± std and each Δ ±
-s.e., rounded as printed, and the pretrained model's loss in the prose; a perturbed README fails. Also the install's torch index (the
-Makefile's TORCH_INDEX, .ci/run's override) and the sizes of README.md and bench/README.md. Pure Python: reads
-README.md and the JSONs, no torch.
+s.e., rounded as printed, and the pretrained model's loss in the prose; a perturbed README fails. Also the install's
+torch index (the Makefile's TORCH_INDEX, .ci/run's override) and the sizes of README.md and bench/README.md. Pure
+Python: reads README.md and the JSONs, no torch.
 """
 
 import json
@@ -63,20 +63,23 @@ def pm(cell):
     return a.strip(), (b.strip() or None)
 
 
+def row_cells(line):
+    """A markdown table row's cells: '| a | b |' -> ['a', 'b']."""
+    return [c.strip() for c in line.strip().strip('|').split('|')]
+
+
 def table(text, first_header):
     """The markdown table whose header row starts with `first_header`: (header cells, [row cells])."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith(f'| {first_header} |')), None)
     if start is None:
         return None, []
-    def cells(line):
-        return [c.strip() for c in line.strip().strip('|').split('|')]
     rows = []
     for line in lines[start + 2:]:
         if not line.startswith('|'):
             break
-        rows.append(cells(line))
-    return cells(lines[start]), rows
+        rows.append(row_cells(line))
+    return row_cells(lines[start]), rows
 
 
 def check_cell(errors, where, cell, mean, std=None):
@@ -280,15 +283,15 @@ def edit_cell(text, first_header, label, head, edit):
     (edit None: the row deleted)."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f'| {first_header} |'))
-    heads = table(text, first_header)[0]
+    column = row_cells(lines[start]).index(head)
     for i in range(start + 2, len(lines)):
-        cells = [c.strip() for c in lines[i].strip().strip('|').split('|')]
-        if cells[0] == label:
+        row = row_cells(lines[i])
+        if row[0] == label:
             if edit is None:
                 del lines[i]
             else:
-                cells[heads.index(head)] = edit(cells[heads.index(head)])
-                lines[i] = '| ' + ' | '.join(cells) + ' |'
+                row[column] = edit(row[column])
+                lines[i] = '| ' + ' | '.join(row) + ' |'
             return '\n'.join(lines)
     raise AssertionError(f'no row {label!r}')
 
@@ -325,9 +328,9 @@ def test_perturbed_code_table_fails(label, column, edit):
 
 
 def test_code_table_header_is_checked():
+    head = next(line for line in README.splitlines() if line.startswith(f'| {CODE_HEADER} |'))
     for old, new in [('[128,640) 15%', '[128,640) 16%'),                                  # a share
                      ('emptied − as trained, [128,640)', 'emptied − as trained, [128,641)')]:   # no such bucket
-        head = next(line for line in README.splitlines() if line.startswith(f'| {CODE_HEADER} |'))
         assert head.count(old) == 1, old
         assert copy_table_mismatches(README.replace(head, head.replace(old, new)), CODE_TABLE), (old, new)
 
