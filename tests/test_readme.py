@@ -1,11 +1,12 @@
 """
 The README's headline numbers against bench/results: every cell of its results tables ("Memory on code", every
 model on SymPy as bytes, and "Start from GPT-2", the recipe on code), each validation loss mean ± std and each Δ ±
-s.e., rounded as printed, and the pretrained model's loss in the prose; a perturbed README fails. Also the install's
-torch index (the Makefile's TORCH_INDEX, .ci/run's override) and the sizes of README.md and bench/README.md. Pure
-Python: reads README.md and the JSONs, no torch.
+s.e., rounded as printed, the figures of the code section's prose (CODE_PROSE) and the pretrained model's loss; a
+perturbed README fails. Also the install's torch index (the Makefile's TORCH_INDEX, .ci/run's override) and the
+sizes of README.md and bench/README.md. Pure Python: reads README.md and the JSONs, no torch.
 """
 
+import ast
 import json
 import os
 import re
@@ -231,9 +232,64 @@ def copy_table_mismatches(text, spec):
     return errors
 
 
+# "Memory on code"'s prose: each figure it prints (a number, or a WORDS word, at {} in the text; its whitespace as one
+# space) against the copy-distance JSONs, as the table's cells are; the calibration's bar is the issue's (0.065 bits
+# a byte at [128,640): 0.1 nats per GPT-2 token on this code)
+CALIBRATION_BITS = 0.065
+WORDS = {'half': 0.5}
+REACH = '[128,640)'
+
+
+def code_delta(key, bucket=REACH):
+    return next(b['diff_bpc'] for b in load(CODE_TABLE['copy'])['labels'][key]['buckets'] if b['bucket'] == bucket)
+
+
+def code_speed(run):
+    return load(CODE_TABLE['speed'])['train'][run]['eager']['ratio_to_baseline']
+
+
+def code_emptied(key, bucket=REACH):
+    source = CODE_TABLE['ablation'].format(CODE_EMPTIED[key])
+    return next(b['diff_bpc'] for b in load(source)['vs_as_trained'] if b['bucket'] == bucket)
+
+
+CODE_PROSE = [
+    ('XL read with 512 gains {}', lambda: [-code_delta('xl_at512')]),
+    ('(≥ {} asked)', lambda: [CALIBRATION_BITS]),
+    ('{} more than with 128', lambda: [code_delta('xl') - code_delta('xl_at512')]),
+    ('copying adds {} to its gain on first occurrences',
+     lambda: [code_delta('xl_at512', 'first') - code_delta('xl_at512')]),
+    ('at {}–{} of its speed', lambda: sorted(code_speed(k) / code_speed('xl') for k in ('lamemo', 'infformer'))),
+    ('Compressive gains {} of what its control',
+     lambda: [code_delta('compressive') / code_delta('compressive_no_cmem')]),
+    ('its memory, emptied, costs {}', lambda: [code_emptied('infini_linear')]),
+]
+
+
+def prose_mismatches(text):
+    """Each CODE_PROSE figure as printed against its value; and the calibration, as the prose says, holds."""
+    flat, errors = ' '.join(text.split()), []
+    for template, values in CODE_PROSE:
+        pattern = r'([−+]?\d+(?:\.\d+)?|' + '|'.join(WORDS) + ')'
+        m = re.search(pattern.join(re.escape(part) for part in template.split('{}')), flat)
+        if m is None:
+            errors.append(f'code prose: "{template}" is not in the README')
+            continue
+        for printed, value in zip(m.groups(), values()):
+            if printed in WORDS:
+                ok = round(value, 1) == WORDS[printed]
+            else:
+                ok = same(printed, value)
+            if not ok:
+                errors.append(f'code prose: "{template}" prints {printed}, the JSONs have {value:.4f}')
+    if -code_delta('xl_at512') < CALIBRATION_BITS:
+        errors.append(f'code prose: the calibration fails, {-code_delta("xl_at512"):.4f} < {CALIBRATION_BITS}')
+    return errors
+
+
 def mismatches(text):
     return (copy_table_mismatches(text, CODE_TABLE) + copy_table_mismatches(text, CODE_GPT2_TABLE)
-            + pretrained_mismatches(text))
+            + pretrained_mismatches(text) + prose_mismatches(text))
 
 
 README = (ROOT / 'README.md').read_text()
@@ -327,12 +383,33 @@ def test_perturbed_code_table_fails(label, column, edit):
     assert copy_table_mismatches(text, CODE_TABLE), (label, column)
 
 
+@pytest.mark.parametrize('old,new', [
+    ('gains\n  0.41 (', 'gains\n  0.42 ('), ('0.13 more', '0.12 more'), ('adds 0.17', 'adds 0.18'),
+    ('at 0.55–0.58 of', 'at 0.55–0.59 of'), ('Compressive gains half', 'Compressive gains 0.6'),
+    ('costs 0.015', 'costs 0.016'), ('(≥ 0.065 asked)', '(≥ 0.06 asked)'), ('XL read with 512 gains', 'XL gains'),
+])
+def test_perturbed_code_prose_fails(old, new):
+    assert prose_mismatches(perturb(old, new))
+
+
 def test_code_table_header_is_checked():
     head = next(line for line in README.splitlines() if line.startswith(f'| {CODE_HEADER} |'))
     for old, new in [('[128,640) 15%', '[128,640) 16%'),                                  # a share
                      ('emptied − as trained, [128,640)', 'emptied − as trained, [128,641)')]:   # no such bucket
         assert head.count(old) == 1, old
         assert copy_table_mismatches(README.replace(head, head.replace(old, new)), CODE_TABLE), (old, new)
+
+
+def test_code_emptied_names_demos_ablations():
+    """CODE_EMPTIED names bench/demos.py's CODE_ABLATIONS (read from its source: demos.py imports torch), each an
+    ablation of its row's own run with the memory emptied: a renamed ablation is not read from a stale JSON."""
+    tree = ast.parse((ROOT / 'bench' / 'demos.py').read_text())
+    ablations = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                     and any(getattr(t, 'id', None) == 'CODE_ABLATIONS' for t in node.targets))
+    for run, ablation in CODE_EMPTIED.items():
+        assert ablation in ablations, ablation
+        source, flags = ablations[ablation]
+        assert source == run and flags in (['--eval_mem_len=0'], ['--reset_every=1']), (ablation, source, flags)
 
 
 def test_nudge():
