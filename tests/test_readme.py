@@ -263,6 +263,8 @@ CODE_PROSE = [
     ('Compressive gains {} of what its control',
      lambda: [code_delta('compressive') / code_delta('compressive_no_cmem')]),
     ('its memory, emptied, costs {}', lambda: [code_emptied('infini_linear')]),
+    ("Sticky memories keep {} of the ∞-former's gain",
+     lambda: [code_delta('infformer_sticky') / code_delta('infformer')]),
 ]
 
 
@@ -387,6 +389,7 @@ def test_perturbed_code_table_fails(label, column, edit):
     ('gains\n  0.41 (', 'gains\n  0.42 ('), ('0.13 more', '0.12 more'), ('adds 0.17', 'adds 0.18'),
     ('at 0.55–0.58 of', 'at 0.55–0.59 of'), ('Compressive gains half', 'Compressive gains 0.6'),
     ('costs 0.015', 'costs 0.016'), ('(≥ 0.065 asked)', '(≥ 0.06 asked)'), ('XL read with 512 gains', 'XL gains'),
+    ('keep 0.68 of', 'keep 0.45 of'),
 ])
 def test_perturbed_code_prose_fails(old, new):
     assert prose_mismatches(perturb(old, new))
